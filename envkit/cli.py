@@ -1,0 +1,139 @@
+"""Command line: parse, call one library function, render, map errors to exit codes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from envkit import __version__
+from envkit.errors import EnvkitError
+
+
+def _print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _as_dict(result) -> dict:
+    return dataclasses.asdict(result) if dataclasses.is_dataclass(result) else dict(result)
+
+
+class EnvkitGroup(click.Group):
+    """Turns EnvkitError into `Error: ...` on stderr and exit 1; other exceptions keep their traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EnvkitError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+
+
+profile_option = click.option("--profile", "profile_name", metavar="NAME",
+                              help="Lock profile from lockfiles/ (default: cpu).")
+lock_option = click.option("--lock", "lock_path", type=click.Path(dir_okay=False), metavar="PATH",
+                           help="Lock profile file, instead of --profile.")
+source_options = [
+    click.option("--find-links", multiple=True, metavar="DIR",
+                 help="Wheelhouse to install from (repeatable); also ENVKIT_FIND_LINKS, UV_FIND_LINKS and pip's "
+                      "find-links configuration."),
+    click.option("--offline", is_flag=True, help="Use only uv's cache and wheelhouses; no network."),
+    click.option("--no-index", is_flag=True, help="Ignore the package index; install from wheelhouses only."),
+]
+
+
+def with_sources(func):
+    for option in reversed(source_options):
+        func = option(func)
+    return func
+
+
+def _check_profile_choice(profile_name, lock_path) -> None:
+    if profile_name and lock_path:
+        raise click.UsageError("give --profile or --lock, not both")
+
+
+@click.group(cls=EnvkitGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="envkit")
+def main():
+    """Reproducible GPU training environments with a trusted compile cache.
+
+    \b
+    envkit create      fresh venv from a hashed lock profile (uv), atomically
+    envkit doctor      how a venv differs from its lock, and what is dangerous in it
+    envkit warm-cache  compile every shape bucket once, then fingerprint the cache
+    envkit train       preflight, then run the bundled DFlash trainer with a run dir
+    """
+
+
+@main.command("lock")
+@profile_option
+@lock_option
+@with_sources
+@click.option("--check", is_flag=True, help="Exit 1 if the file is out of date; write nothing.")
+@click.option("--export", "export_format", type=click.Choice(["pylock"]), help="Export instead of re-locking.")
+@click.argument("export_path", required=False, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def lock_command(profile_name, lock_path, find_links, offline, no_index, check, export_format, export_path, as_json):
+    """Regenerate a profile's hash-pinned [[package]] table from its requirements.
+
+    With --export pylock PATH, write the locked set as a PEP 751 pylock.toml instead.
+    """
+    from envkit import lock
+
+    _check_profile_choice(profile_name, lock_path)
+    if export_format:
+        if not export_path:
+            raise click.UsageError("--export pylock needs a PATH to write")
+        written = lock.export_pylock(profile_name, lock_path, Path(export_path), find_links=find_links,
+                                     offline=offline, no_index=no_index)
+        return _print_json({"exported": str(written)}) if as_json else click.echo(f"wrote {written}")
+    if export_path:
+        raise click.UsageError(f"unexpected argument {export_path!r} (only --export takes a path)")
+    result = lock.lock(profile_name, lock_path, find_links=find_links, offline=offline, no_index=no_index, check=check)
+    if as_json:
+        _print_json(_as_dict(result))
+    else:
+        for line in [*(f"+ {n}" for n in result.added), *(f"- {n}" for n in result.removed),
+                     *(f"~ {n}" for n in result.updated)]:
+            click.echo(line)
+        state = "out of date" if check and result.changed else ("updated" if result.changed else "up to date")
+        click.echo(f"{result.path}: {result.packages} packages, {state}")
+    if check and result.changed:
+        sys.exit(1)
+
+
+@main.command("create")
+@profile_option
+@lock_option
+@click.option("--venv", "venv_path", type=click.Path(file_okay=False), metavar="PATH",
+              help="Where the venv goes (default: $ENVKIT_HOME/venvs/<profile>).")
+@with_sources
+@click.option("--force", is_flag=True, help="Rebuild even if the venv matches the lock; replace a foreign dir.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def create_command(profile_name, lock_path, venv_path, find_links, offline, no_index, force, as_json):
+    """Build a fresh venv from a hash-pinned lock profile, atomically.
+
+    The venv is built in a temporary sibling directory and renamed into place only when it is
+    complete: a failure or Ctrl-C leaves the previous venv as it was.
+    """
+    from envkit.create import create
+
+    _check_profile_choice(profile_name, lock_path)
+    result = create(profile_name, lock_path, venv_path, find_links=find_links, offline=offline,
+                    no_index=no_index, force=force, quiet=as_json)
+    if as_json:
+        _print_json(_as_dict(result))
+    else:
+        click.echo(f"{result.action}: {result.venv} (profile {result.profile}, lock {result.lock_digest[:12]}, "
+                   f"{result.packages} packages, {result.seconds:.1f}s)")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,177 @@
+"""`envkit create`: build a venv from a lock profile into a temp sibling, then rename it into place."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import sys
+import tempfile
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from filelock import FileLock
+
+from envkit import __version__, paths, profile as profiles, wheelhouse
+from envkit.errors import VenvError
+from envkit.installed import installed_distributions
+from envkit.lock import source_args
+from envkit.profile import Profile
+from envkit.progress import Phases
+from envkit.uvtool import run_uv, uv_version
+from envkit.venv import Venv, write_json_atomic
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    venv: Path
+    profile: str
+    lock_digest: str
+    action: str  # "created", "rebuilt" or "unchanged"
+    packages: int
+    seconds: float
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def lock_file_for(venv_path: Path) -> Path:
+    return venv_path.parent / f".{venv_path.name}.lock"
+
+
+def _temp_prefix(venv_path: Path) -> str:
+    return f".{venv_path.name}.tmp-"
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM unwinds like Ctrl-C so that the temp dir is removed (SIGKILL is cleaned next time)."""
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _remove_stale_temps(venv_path: Path) -> None:
+    """Temp dirs of a create that was killed outright; safe because we hold the venv's lock."""
+    for stale in venv_path.parent.glob(_temp_prefix(venv_path) + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in venv_path.parent.glob(f".{venv_path.name}.old-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def is_current(venv: Venv, profile: Profile) -> bool:
+    """The venv was made by envkit from this exact lock and still holds exactly the locked versions."""
+    manifest = venv.manifest()
+    if not venv.is_venv() or not manifest or manifest.get("lock_digest") != profile.lock_digest:
+        return False
+    installed = {d.name: d.version for d in installed_distributions(venv.site_packages())}
+    return installed == {p.name: p.version for p in profile.packages}
+
+
+def manifest_for(profile: Profile, python_version: str) -> dict:
+    return {
+        "profile": profile.name,
+        "lock_path": str(profile.path.resolve()) if profile.path else None,
+        "lock_digest": profile.lock_digest,
+        "python": python_version,
+        "envkit_version": __version__,
+        "uv_version": uv_version(),
+        "platform": platform.platform(),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def sync(venv: Venv, profile: Profile, links: list[str], *, offline: bool, no_index: bool) -> None:
+    """Make the venv hold exactly the lock: `uv pip sync --require-hashes` (also used by doctor --fix)."""
+    with tempfile.NamedTemporaryFile("w", prefix="envkit-sync-", suffix=".txt") as reqs:
+        reqs.write(profile.requirements_txt())
+        reqs.flush()
+        run_uv(["pip", "sync", reqs.name, "--require-hashes", "--python", str(venv.python), "--quiet",
+                *source_args(profile, links, offline=offline, no_index=no_index)])
+
+
+def _build(temp: Venv, profile: Profile, links: list[str], phases: Phases, *, offline: bool, no_index: bool) -> None:
+    with phases.phase("venv", f"python {profile.python}"):
+        # --relocatable: scripts find their interpreter relative to themselves, so the rename
+        # from the temp dir into place does not break `bin/torchrun` and friends.
+        run_uv(["venv", str(temp.path), "--python", profile.python, "--relocatable", "--quiet", "--no-project",
+                *(["--offline"] if offline else [])])
+    sources = ", ".join(links) if links else "the configured index"
+    with phases.phase("install", f"{len(profile.packages)} packages, hash-checked, from {sources}"):
+        sync(temp, profile, links, offline=offline, no_index=no_index)
+    with phases.phase("verify", "installed set equals the lock"):
+        installed = {d.name: d.version for d in installed_distributions(temp.site_packages())}
+        wanted = {p.name: p.version for p in profile.packages}
+        if installed != wanted:
+            diff = sorted(set(installed.items()) ^ set(wanted.items()))
+            raise VenvError(f"uv installed a set that differs from the lock: {diff[:5]}; report this with the lock file")
+
+
+def _python_version(venv: Venv) -> str:
+    return venv.pyvenv_cfg().get("version_info") or venv.pyvenv_cfg().get("version", "")
+
+
+def _swap_into_place(temp: Path, target: Path) -> None:
+    """Rename the finished venv into place; the old one is moved aside first and removed after."""
+    old = None
+    if target.exists() or target.is_symlink():
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(target, old)
+    try:
+        os.rename(temp, target)
+    except BaseException:
+        if old is not None:
+            os.rename(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def create(profile_name: str | None = None, lock_path: str | None = None, venv_path: str | Path | None = None, *,
+           find_links: tuple[str, ...] = (), offline: bool = False, no_index: bool = False, force: bool = False,
+           quiet: bool = False) -> CreateResult:
+    profile = profiles.load(profile_name, lock_path)
+    if not profile.packages:
+        raise VenvError(f"{profile.path} has no [[package]] table; run `envkit lock --lock {profile.path}` first")
+    target = Path(venv_path) if venv_path else paths.default_venv(profile.name)
+    target = target.expanduser().absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    venv = Venv(target)
+    phases = Phases(total=4, quiet=quiet)
+
+    with FileLock(str(lock_file_for(target))), _sigterm_as_interrupt():
+        _remove_stale_temps(target)
+        existed = target.exists()
+        if existed:
+            if not force and venv.is_venv() and venv.manifest() is None:
+                raise VenvError(f"{target} exists and was not made by envkit; choose another --venv or pass --force "
+                                f"to replace it")
+            if not force and not venv.is_venv():
+                raise VenvError(f"{target} exists and is not a venv; choose another --venv or pass --force to replace it")
+            if not force and is_current(venv, profile):
+                phases.say(f"{target} already matches lock {profile.lock_digest[:12]}; nothing to do (--force rebuilds)")
+                return CreateResult(target, profile.name, profile.lock_digest, "unchanged", len(profile.packages),
+                                    round(phases.elapsed, 3))
+        links = wheelhouse.find_links(find_links)
+        temp = Venv(Path(tempfile.mkdtemp(prefix=_temp_prefix(target), dir=target.parent)))
+        try:
+            shutil.rmtree(temp.path)  # uv venv wants to make the directory itself
+            _build(temp, profile, links, phases, offline=offline, no_index=no_index)
+            with phases.phase("done", str(target)):
+                write_json_atomic(temp.manifest_path, manifest_for(profile, _python_version(temp)))
+                _swap_into_place(temp.path, target)
+        finally:
+            shutil.rmtree(temp.path, ignore_errors=True)
+    return CreateResult(target, profile.name, profile.lock_digest, "rebuilt" if existed else "created",
+                        len(profile.packages), round(phases.elapsed, 3), phases.timings)

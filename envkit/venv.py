@@ -1,0 +1,73 @@
+"""A managed venv seen from outside: its interpreter, site-packages and envkit.json manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from envkit.errors import VenvError
+
+MANIFEST = "envkit.json"
+
+
+@dataclass(frozen=True)
+class Venv:
+    path: Path
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+    def is_venv(self) -> bool:
+        return (self.path / "pyvenv.cfg").is_file()
+
+    def site_packages(self) -> Path:
+        found = sorted((self.path / "lib").glob("python3*/site-packages"))
+        if not found:
+            raise VenvError(f"{self.path} has no lib/python3*/site-packages; recreate it with `envkit create --force`")
+        return found[0]
+
+    def pyvenv_cfg(self) -> dict[str, str]:
+        values = {}
+        for line in (self.path / "pyvenv.cfg").read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                values[key.strip()] = value.strip()
+        return values
+
+    def manifest(self) -> dict | None:
+        """envkit.json, or None when the venv was not made by envkit."""
+        try:
+            return json.loads(self.manifest_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise VenvError(f"{self.manifest_path} is unreadable ({exc}); rebuild with `envkit create --force`") from None
+
+    def require(self) -> "Venv":
+        if not self.is_venv():
+            raise VenvError(f"{self.path} is not a venv (no pyvenv.cfg); create one with `envkit create`")
+        return self
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write JSON so that readers see the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

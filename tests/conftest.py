@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wheels import build_wheel
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def run_envkit(*args: str, env: dict | None = None, check: bool = False, timeout: float = 600,
+               cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """envkit as a user runs it: a real process."""
+    proc = subprocess.run([sys.executable, "-m", "envkit", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"envkit {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_json(*args: str, **kwargs) -> dict:
+    return json.loads(run_envkit(*args, "--json", **kwargs).stdout)
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path, monkeypatch):
+    """Every test gets its own ENVKIT_HOME and runs dir; uv's package cache stays shared (it is a cache)."""
+    monkeypatch.setenv("ENVKIT_HOME", str(tmp_path / "envkit-home"))
+    monkeypatch.setenv("ENVKIT_RUNS_DIR", str(tmp_path / "runs"))
+    for name in ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "ENVKIT_FIND_LINKS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory) -> Path:
+    """A local wheelhouse: a small dependency tree plus packages used to pollute venvs."""
+    house = tmp_path_factory.mktemp("wheelhouse")
+    build_wheel(house, "ekt-alpha", "1.0", requires=("ekt-beta>=1.0",))
+    build_wheel(house, "ekt-beta", "1.0")
+    build_wheel(house, "ekt-beta", "2.0")
+    build_wheel(house, "ekt-gamma", "1.0")
+    build_wheel(house, "sglang", "0.0.1")  # named like a catalog stray; tiny and harmless
+    return house
+
+
+def write_profile(path: Path, requirements: list[str], name: str = "ekt") -> Path:
+    path.write_text(
+        "[profile]\n"
+        f'name = "{name}"\n'
+        'description = "test profile"\n'
+        f'python = "{sys.version_info.major}.{sys.version_info.minor}"\n'
+        f"requirements = {json.dumps(requirements)}\n"
+    )
+    return path
+
+
+@pytest.fixture
+def test_lock(tmp_path, wheelhouse) -> Path:
+    """A locked profile over the test wheelhouse (ekt-alpha and its dependency ekt-beta)."""
+    path = write_profile(tmp_path / "ekt.toml", ["ekt-alpha==1.0", "ekt-beta==1.0"])
+    run_envkit("lock", "--lock", str(path), "--no-index", "--find-links", str(wheelhouse), check=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cpu_venv(tmp_path_factory) -> Path:
+    """The real `cpu` profile venv (torch, transformers), built once per test session."""
+    home = tmp_path_factory.mktemp("cpu-home")
+    env = dict(os.environ, ENVKIT_HOME=str(home))
+    run_envkit("create", "--profile", "cpu", env=env, check=True, timeout=1200)
+    return home / "venvs" / "cpu"

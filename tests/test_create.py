@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_envkit, run_json
+from wheels import build_wheel
+
+from envkit import profile as profiles
+
+
+def create_args(lock: Path, venv: Path, wheelhouse: Path, *extra: str) -> list[str]:
+    return ["create", "--lock", str(lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse), *extra]
+
+
+def venv_import(venv: Path, module: str) -> str:
+    return subprocess.run([str(venv / "bin" / "python"), "-c", f"import {module}; print({module}.VERSION)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def leftovers(parent: Path, venv: Path) -> list[str]:
+    return sorted(p.name for p in parent.glob(f".{venv.name}.*") if not p.name.endswith(".lock"))
+
+
+def test_create_then_noop_then_force(tmp_path, test_lock, wheelhouse):
+    venv = tmp_path / "env"
+    first = run_json(*create_args(test_lock, venv, wheelhouse))
+    assert first["action"] == "created" and first["packages"] == 2
+    assert venv_import(venv, "ekt_alpha") == "1.0" and venv_import(venv, "ekt_beta") == "1.0"
+    manifest = json.loads((venv / "envkit.json").read_text())
+    assert manifest["lock_digest"] == profiles.load_file(test_lock).lock_digest
+    assert {"profile", "python", "envkit_version", "uv_version", "created_at"} <= manifest.keys()
+
+    again = run_json(*create_args(test_lock, venv, wheelhouse))
+    assert again["action"] == "unchanged"
+    assert json.loads((venv / "envkit.json").read_text())["created_at"] == manifest["created_at"]
+
+    forced = run_json(*create_args(test_lock, venv, wheelhouse, "--force"))
+    assert forced["action"] == "rebuilt"
+    assert leftovers(tmp_path, venv) == []
+
+
+def test_drifted_venv_is_rebuilt_without_force(tmp_path, test_lock, wheelhouse):
+    venv = tmp_path / "env"
+    run_envkit(*create_args(test_lock, venv, wheelhouse), check=True)
+    subprocess.run([sys.executable, "-m", "uv", "pip", "install", "--python", str(venv / "bin" / "python"),
+                    "--no-index", "--find-links", str(wheelhouse), "ekt-beta==2.0"], check=True, capture_output=True)
+    assert run_json(*create_args(test_lock, venv, wheelhouse))["action"] == "rebuilt"
+    assert venv_import(venv, "ekt_beta") == "1.0"
+
+
+def test_progress_lines_on_stderr(tmp_path, test_lock, wheelhouse):
+    proc = run_envkit(*create_args(test_lock, tmp_path / "env", wheelhouse), check=True)
+    assert "[1/4] venv" in proc.stderr and "[2/4] install" in proc.stderr and "[4/4] done" in proc.stderr
+    assert proc.stdout.startswith("created:")
+
+
+def test_hash_mismatch_names_package_and_keeps_old_venv(tmp_path, test_lock, wheelhouse):
+    venv = tmp_path / "env"
+    run_envkit(*create_args(test_lock, venv, wheelhouse), check=True)
+    # A wheelhouse whose ekt-beta 1.0 has other content than the one that was locked.
+    tampered = tmp_path / "tampered"
+    build_wheel(tampered, "ekt-alpha", "1.0", requires=("ekt-beta>=1.0",))
+    build_wheel(tampered, "ekt-beta", "1.0", files={"ekt_beta/__init__.py": "VERSION = 'evil'\n"})
+    proc = run_envkit(*create_args(test_lock, venv, tampered, "--force"), env=dict(os.environ, UV_CACHE_DIR=str(tmp_path / "uvc")))
+    assert proc.returncode == 1
+    assert "hash mismatch for ekt-beta" in proc.stderr and "sha256:" in proc.stderr
+    assert venv_import(venv, "ekt_beta") == "1.0"
+    assert leftovers(tmp_path, venv) == []
+
+
+def test_package_no_source_has(tmp_path, test_lock):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_envkit(*create_args(test_lock, tmp_path / "env", empty))
+    assert proc.returncode == 1
+    assert "ekt-" in proc.stderr and "--find-links" in proc.stderr
+    assert not (tmp_path / "env").exists() and leftovers(tmp_path, tmp_path / "env") == []
+
+
+def test_unavailable_interpreter(tmp_path, test_lock, wheelhouse):
+    test_lock.write_text(test_lock.read_text().replace(f'python = "{sys.version_info.major}.{sys.version_info.minor}"',
+                                                       'python = "3.4"'))
+    proc = run_envkit(*create_args(test_lock, tmp_path / "env", wheelhouse, "--offline"))
+    assert proc.returncode == 1 and "interpreter" in proc.stderr
+
+
+def test_refuses_foreign_directory(tmp_path, test_lock, wheelhouse):
+    foreign = tmp_path / "data"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    proc = run_envkit(*create_args(test_lock, foreign, wheelhouse))
+    assert proc.returncode == 1 and "--force" in proc.stderr
+    assert (foreign / "precious.txt").read_text() == "keep me"
+
+
+def test_concurrent_creates_serialise(tmp_path, test_lock, wheelhouse):
+    venv = tmp_path / "env"
+    procs = [subprocess.Popen([sys.executable, "-m", "envkit", *create_args(test_lock, venv, wheelhouse, "--json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    actions = sorted(json.loads(out)["action"] for out, _ in results)
+    assert actions == ["created", "unchanged"]
+    assert venv_import(venv, "ekt_alpha") == "1.0"
+    assert leftovers(tmp_path, venv) == []
+
+
+def _start_rebuild_and_kill_when_installing(tmp_path, lock, venv, wheelhouse, sig) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "envkit", *create_args(lock, venv, wheelhouse, "--force")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, UV_CACHE_DIR=str(tmp_path / "cold-uv-cache")))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if list(tmp_path.glob(f".{venv.name}.tmp-*/lib/python3*/site-packages")):
+            break
+        time.sleep(0.001)
+    else:
+        pytest.fail("the rebuild never reached the install phase")
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killed_rebuild_leaves_old_venv_working(tmp_path, test_lock, wheelhouse, sig):
+    venv = tmp_path / "env"
+    run_envkit(*create_args(test_lock, venv, wheelhouse), check=True)
+    manifest = (venv / "envkit.json").read_text()
+    proc = _start_rebuild_and_kill_when_installing(tmp_path, test_lock, venv, wheelhouse, sig)
+    assert proc.returncode != 0
+    assert venv_import(venv, "ekt_alpha") == "1.0"
+    assert (venv / "envkit.json").read_text() == manifest
+    if sig == signal.SIGTERM:
+        assert leftovers(tmp_path, venv) == []  # cleaned on the way out
+    # The next create cleans whatever a SIGKILL left and finds the venv current.
+    assert run_json(*create_args(test_lock, venv, wheelhouse))["action"] == "unchanged"
+    assert leftovers(tmp_path, venv) == []
+
+
+def test_relocated_scripts_work(tmp_path, wheelhouse):
+    """Console scripts keep working after the temp dir is renamed into place."""
+    build_wheel(wheelhouse, "ekt-tool", "1.0", files={"ekt_tool/__init__.py": "def main():\n    print('tool ok')\n"})
+    from conftest import write_profile
+
+    lock = write_profile(tmp_path / "tool.toml", ["ekt-tool==1.0"])
+    run_envkit("lock", "--lock", str(lock), "--no-index", "--find-links", str(wheelhouse), check=True)
+    venv = tmp_path / "env"
+    run_envkit(*create_args(lock, venv, wheelhouse), check=True)
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import ekt_tool; ekt_tool.main()"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "tool ok"
+    assert not any(str(tmp_path / f".{venv.name}.tmp") in p.read_text(errors="replace")
+                   for p in (venv / "bin").iterdir() if p.is_file())
+
+
+@pytest.mark.slow
+def test_real_cpu_profile_imports_torch_and_transformers(cpu_venv):
+    code = "import torch, transformers; print(torch.__version__, transformers.__version__)"
+    out = subprocess.run([str(cpu_venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["2.13.0+cpu", "5.6.0"]
+    assert subprocess.run([str(cpu_venv / "bin" / "torchrun"), "--help"], capture_output=True).returncode == 0
