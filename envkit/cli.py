@@ -135,5 +135,47 @@ def create_command(profile_name, lock_path, venv_path, find_links, offline, no_i
                    f"{result.packages} packages, {result.seconds:.1f}s)")
 
 
+@main.command("doctor")
+@click.option("--venv", "venv_path", type=click.Path(file_okay=False), metavar="PATH",
+              help="The venv to examine (default: the profile's managed venv).")
+@profile_option
+@lock_option
+@click.option("--json", "as_json", is_flag=True, help='Print {"venv", "profile", "findings", "summary"}.')
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--deep", is_flag=True, help="Hash every installed file, binaries included (slower).")
+@click.option("--fix", "apply_fix", is_flag=True, help="Re-sync the venv to its lock, then check again.")
+@with_sources
+def doctor_command(venv_path, profile_name, lock_path, as_json, strict, deep, apply_fix, find_links, offline,
+                   no_index):
+    """Tell exactly how a venv differs from its lock, and what in it is dangerous.
+
+    Reads the venv from outside: metadata, RECORD hashes, .pth files, pyvenv.cfg, torch's own
+    source. Exit 0 when nothing fails, 1 when something fails (--strict: or warns), 2 on usage
+    errors. The lock comes from the venv's envkit.json unless --profile/--lock is given.
+    """
+    from envkit import doctor
+    from envkit.doctor import render
+    from envkit.errors import VenvError
+
+    _check_profile_choice(profile_name, lock_path)
+    try:
+        ctx = doctor.load_context(venv_path, profile_name, lock_path, deep=deep)
+    except VenvError as exc:
+        raise click.UsageError(str(exc)) from None
+    report = doctor.diagnose(ctx)
+    if apply_fix:
+        before = report
+        doctor.fix(ctx, find_links=find_links, offline=offline, no_index=no_index)
+        report = doctor.diagnose(doctor.load_context(venv_path, profile_name, lock_path, deep=deep))
+        if not as_json:
+            click.echo(f"before --fix: {before.summary['fail']} fail, {before.summary['warn']} warn; "
+                       f"after: {report.summary['fail']} fail, {report.summary['warn']} warn", err=True)
+    if as_json:
+        click.echo(render.as_json(report))
+    else:
+        click.echo(render.as_table(report, colour=sys.stdout.isatty()))
+    sys.exit(1 if report.failed(strict=strict) else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -92,13 +92,15 @@ def manifest_for(profile: Profile, python_version: str) -> dict:
     }
 
 
-def sync(venv: Venv, profile: Profile, links: list[str], *, offline: bool, no_index: bool) -> None:
+def sync(venv: Venv, profile: Profile, links: list[str], *, offline: bool, no_index: bool,
+         reinstall: list[str] | tuple[str, ...] = ()) -> None:
     """Make the venv hold exactly the lock: `uv pip sync --require-hashes` (also used by doctor --fix)."""
     with tempfile.NamedTemporaryFile("w", prefix="envkit-sync-", suffix=".txt") as reqs:
         reqs.write(profile.requirements_txt())
         reqs.flush()
         run_uv(["pip", "sync", reqs.name, "--require-hashes", "--python", str(venv.python), "--quiet",
-                *source_args(profile, links, offline=offline, no_index=no_index)])
+                *source_args(profile, links, offline=offline, no_index=no_index),
+                *(arg for name in reinstall for arg in ("--reinstall-package", name))])
 
 
 def _build(temp: Venv, profile: Profile, links: list[str], phases: Phases, *, offline: bool, no_index: bool) -> None:

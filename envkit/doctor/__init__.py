@@ -1,0 +1,102 @@
+"""`envkit doctor`: how a venv differs from its lock, and what in it is dangerous for training."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from envkit import paths, profile as profiles
+from envkit.doctor import cachechecks, environment, files, packages, torchchecks
+from envkit.doctor.context import Context
+from envkit.doctor.findings import Finding, Report, Status
+from envkit.errors import ProfileError, VenvError
+from envkit.uvtool import run_uv
+from envkit.venv import Venv
+
+__all__ = ["Finding", "Report", "Status", "diagnose", "fix", "load_context"]
+
+# (check, needs a lock): the order of the report.
+CHECKS = (
+    (packages.check_lock, True),
+    (packages.check_strays, False),
+    (packages.check_duplicates, False),
+    (packages.check_requires, False),
+    (files.check_modified, False),
+    (files.check_pth, False),
+    (environment.check_env, False),
+    (torchchecks.check_build, False),
+    (cachechecks.check_perms, False),
+    (cachechecks.check_fingerprint, False),
+    (torchchecks.check_hazards, False),
+)
+
+
+def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv:
+    path = Path(venv_path) if venv_path else paths.default_venv(profile_name or "cpu")
+    venv = Venv(path.expanduser().absolute())
+    if not venv.path.exists():
+        raise VenvError(f"{venv.path} does not exist; create it with `envkit create --profile {profile_name or 'cpu'}`"
+                        + (f" --venv {venv_path}" if venv_path else ""))
+    return venv.require()
+
+
+def _lock_for(venv: Venv, profile_name: str | None, lock_path: str | None) -> profiles.Profile | None:
+    """The lock given on the command line, else the one recorded in the venv's envkit.json."""
+    if profile_name or lock_path:
+        return profiles.load(profile_name, lock_path)
+    manifest = venv.manifest() or {}
+    recorded = manifest.get("lock_path")
+    if recorded and Path(recorded).is_file():
+        return profiles.load_file(Path(recorded))
+    if manifest.get("profile"):
+        try:
+            return profiles.load(manifest["profile"])
+        except ProfileError:
+            return None
+    return None
+
+
+def load_context(venv_path=None, profile_name=None, lock_path=None, *, deep=False, environ=None) -> Context:
+    venv = resolve_venv(venv_path, profile_name)
+    return Context(venv, _lock_for(venv, profile_name, lock_path), dict(os.environ if environ is None else environ),
+                   deep=deep)
+
+
+def diagnose(ctx: Context) -> Report:
+    findings: list[Finding] = []
+    skipped = []
+    for check, needs_lock in CHECKS:
+        if needs_lock and ctx.profile is None:
+            skipped.append("lock.missing/lock.version/lock.extra: no lock (give --profile NAME or --lock PATH)")
+            continue
+        findings += check(ctx)
+    return Report(str(ctx.venv.path), ctx.profile.name if ctx.profile else None, tuple(findings), tuple(skipped))
+
+
+def fix(ctx: Context, *, find_links=(), offline=False, no_index=False) -> None:
+    """Re-sync the venv to its lock in place: strays, duplicates, drift and edited files go."""
+    from envkit import wheelhouse
+    from envkit.create import sync
+
+    if ctx.profile is None:
+        raise ProfileError("--fix needs a lock: give --profile NAME or --lock PATH")
+    duplicated = [dists for dists in ctx.by_name.values() if len(dists) > 1]
+    edited = {name for name, _relative, _missing in files.modified_files(ctx)}
+    # Two dist-info folders confuse any installer: drop both; the sync then installs the locked one.
+    for dists in duplicated:
+        for dist in dists:
+            shutil.rmtree(dist.dist_info, ignore_errors=True)
+    # A .pth that no package installed is not part of any lock.
+    owners = files.pth_owners(ctx)
+    for pth in ctx.site_packages.glob("*.pth"):
+        if pth.name not in files.STANDARD_PTH and pth.name not in owners:
+            pth.unlink()
+    reinstall = sorted(edited & {p.name for p in ctx.profile.packages})
+    if reinstall:
+        # uv installs by hard-linking from its cache, so an in-place edit also edited the cached
+        # copy: drop those cache entries, or the reinstall would link the edited file again.
+        run_uv(["cache", "clean", *reinstall, "--quiet"])
+    # uv keeps a package whose version matches; reinstall the ones with edited files.
+    sync(ctx.venv, ctx.profile, wheelhouse.find_links(find_links), offline=offline, no_index=no_index,
+         reinstall=reinstall)

@@ -1,0 +1,62 @@
+"""What every check reads: the venv, its installed distributions, the lock (if any), the environment."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from envkit.installed import Distribution, installed_distributions
+from envkit.profile import Profile
+from envkit.venv import Venv
+
+
+@dataclass
+class Context:
+    venv: Venv
+    profile: Profile | None
+    environ: dict[str, str]
+    deep: bool = False
+    files_checked: int = 0  # set by the RECORD check, for its summary line
+
+    @functools.cached_property
+    def site_packages(self) -> Path:
+        return self.venv.site_packages()
+
+    @functools.cached_property
+    def distributions(self) -> list[Distribution]:
+        return installed_distributions(self.site_packages)
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, list[Distribution]]:
+        grouped: dict[str, list[Distribution]] = {}
+        for dist in self.distributions:
+            grouped.setdefault(dist.name, []).append(dist)
+        return grouped
+
+    @functools.cached_property
+    def python_version(self) -> str:
+        cfg = self.venv.pyvenv_cfg()
+        return cfg.get("version_info") or cfg.get("version", "")
+
+    @functools.cached_property
+    def torch_build(self) -> dict[str, str | None] | None:
+        """torch/version.py read as text: {'version': '2.13.0+cpu', 'cuda': None or '13.0'}."""
+        path = self.site_packages / "torch" / "version.py"
+        try:
+            text = path.read_text()
+        except OSError:
+            return None
+        version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
+        cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)", text, re.M)
+        return {"version": version[1] if version else None, "cuda": cuda[1] if cuda else None}
+
+    def fix_command(self) -> str:
+        return f"envkit doctor --fix --venv {self.venv.path}"
+
+    def torch_source(self, relative: str) -> str | None:
+        try:
+            return (self.site_packages / "torch" / relative).read_text(errors="replace")
+        except OSError:
+            return None

@@ -1,0 +1,65 @@
+"""env.leak: variables and venv settings that let code from outside the venv in."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+from envkit.doctor.context import Context
+from envkit.doctor.findings import Finding, Status
+
+# Libraries whose second copy on the loader path fights the venv's torch.
+CUDA_TORCH_LIBS = ("libcudart.so*", "libcublas*.so*", "libcudnn*.so*", "libnccl*.so*", "libtorch*.so*",
+                   "libc10*.so*", "libnvrtc*.so*", "libcusparse*.so*")
+
+
+def _outside_venv(entry: str, ctx: Context) -> bool:
+    try:
+        return not Path(entry).resolve().is_relative_to(ctx.venv.path.resolve())
+    except OSError:
+        return True
+
+
+def _carries_cuda_or_torch(directory: str) -> list[str]:
+    found = []
+    for pattern in CUDA_TORCH_LIBS:
+        found += [Path(p).name for p in glob.glob(os.path.join(directory, pattern))]
+    return sorted(found)
+
+
+def check_env(ctx: Context) -> list[Finding]:
+    findings = []
+    env = ctx.environ
+    pythonpath = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
+    outside = [e for e in pythonpath if _outside_venv(e, ctx)]
+    if outside:
+        findings.append(Finding("env.leak", Status.FAIL, "PYTHONPATH",
+                                f"puts {', '.join(outside[:3])} ahead of the venv's packages", "unset PYTHONPATH"))
+    if env.get("PYTHONHOME"):
+        findings.append(Finding("env.leak", Status.FAIL, "PYTHONHOME",
+                                f"={env['PYTHONHOME']} replaces the interpreter's standard library", "unset PYTHONHOME"))
+    system_site = ctx.venv.pyvenv_cfg().get("include-system-site-packages", "false").lower() == "true"
+    if system_site:
+        findings.append(Finding("env.leak", Status.FAIL, "include-system-site-packages",
+                                "pyvenv.cfg lets the system's and the user's site-packages into the venv",
+                                f"envkit create --force --venv {ctx.venv.path}"))
+    if env.get("PYTHONUSERBASE") and system_site:
+        findings.append(Finding("env.leak", Status.WARN, "PYTHONUSERBASE",
+                                f"={env['PYTHONUSERBASE']}: a user site that this venv reads", "unset PYTHONUSERBASE"))
+    if env.get("PYTHONSTARTUP"):
+        findings.append(Finding("env.leak", Status.WARN, "PYTHONSTARTUP",
+                                "runs a file in interactive sessions", "unset PYTHONSTARTUP"))
+    for variable in ("LD_LIBRARY_PATH", "LD_PRELOAD"):
+        entries = [e for e in env.get(variable, "").replace(":", " ").split() if e]
+        for entry in entries:
+            if not _outside_venv(entry, ctx):
+                continue
+            directory = entry if os.path.isdir(entry) else os.path.dirname(entry)
+            libs = _carries_cuda_or_torch(directory) if variable == "LD_LIBRARY_PATH" else [Path(entry).name]
+            if variable == "LD_PRELOAD" or libs:
+                findings.append(Finding("env.leak", Status.FAIL if libs else Status.WARN, variable,
+                                        f"{entry} loads {', '.join(libs[:4])} ahead of the venv's own CUDA/torch "
+                                        f"libraries", f"remove {entry} from {variable}"))
+    return findings or [Finding("env.leak", Status.OK, "environment",
+                                "no PYTHONPATH, PYTHONHOME, system site or CUDA/torch library path leaks in")]

@@ -1,0 +1,47 @@
+"""What doctor reports: findings with a stable id, a status, a subject, a message and a fix."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str  # stable check id, e.g. "lock.version"
+    status: Status
+    subject: str  # the package, file, path or variable concerned
+    message: str
+    fix: str = ""  # the command (or action) that repairs it
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "status": self.status.value, "subject": self.subject,
+                "message": self.message, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class Report:
+    venv: str
+    profile: str | None
+    findings: tuple[Finding, ...]
+    skipped: tuple[str, ...] = field(default=())  # checks that could not run, with why
+
+    def count(self, status: Status) -> int:
+        return sum(1 for f in self.findings if f.status == status)
+
+    @property
+    def summary(self) -> dict[str, int]:
+        return {s.value: self.count(s) for s in Status}
+
+    def failed(self, *, strict: bool = False) -> bool:
+        return self.count(Status.FAIL) > 0 or (strict and self.count(Status.WARN) > 0)
+
+    def as_dict(self) -> dict:
+        return {"venv": self.venv, "profile": self.profile, "findings": [f.as_dict() for f in self.findings],
+                "skipped": list(self.skipped), "summary": self.summary}

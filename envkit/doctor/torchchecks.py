@@ -1,0 +1,157 @@
+"""torch.build and torch.hazard: the installed torch's build, and which known hazards apply to it.
+
+Hazards are decided by reading torch's own source files in the venv (HAZARDS.md), not by a
+version table alone: a backport or a patched build shows in the source.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Callable
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
+
+from envkit import paths
+from envkit.doctor.context import Context
+from envkit.doctor.findings import Finding, Status
+
+
+def _driver_cuda_version() -> str | None:
+    """The CUDA version the driver supports, from nvidia-smi's header; None without a GPU."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"CUDA Version:\s*([\d.]+)", out)
+    return match[1] if match else None
+
+
+def _expected_cuda(ctx: Context) -> str | None | bool:
+    """The CUDA variant the profile asks for: '13.0', None for CPU, False when it does not say."""
+    backend = ctx.profile.torch_backend if ctx.profile else None
+    if backend == "cpu":
+        return None
+    if backend and backend.startswith("cu") and backend[2:].isdigit():
+        digits = backend[2:]
+        return f"{digits[:-1]}.{digits[-1]}"
+    return False
+
+
+def check_build(ctx: Context) -> list[Finding]:
+    build = ctx.torch_build
+    if build is None:
+        return [Finding("torch.build", Status.OK, "torch", "torch is not installed in this venv")]
+    findings = []
+    version, cuda = build["version"], build["cuda"]
+    variant = f"CUDA {cuda}" if cuda else "CPU"
+    expected = _expected_cuda(ctx)
+    if expected is not False and expected != cuda:
+        wanted = f"CUDA {expected}" if expected else "CPU"
+        findings.append(Finding("torch.build", Status.FAIL, "torch",
+                                f"torch {version} is a {variant} build; the profile's torch-backend asks for {wanted}",
+                                ctx.fix_command()))
+    torch_dists = ctx.by_name.get("torch", [])
+    for line in torch_dists[0].requires if torch_dists else ():
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.name != "triton" or "extra" in str(req.marker or ""):
+            continue
+        triton = ctx.by_name.get("triton")
+        if not triton:
+            if cuda:
+                findings.append(Finding("torch.build", Status.FAIL, "triton",
+                                        f"torch {version} requires {req} and triton is missing", ctx.fix_command()))
+        else:
+            try:
+                fits = req.specifier.contains(Version(triton[0].version), prereleases=True)
+            except InvalidVersion:
+                fits = False
+            if not fits:
+                findings.append(Finding("torch.build", Status.FAIL, "triton",
+                                        f"torch {version} pins {req}; triton {triton[0].version} is installed",
+                                        ctx.fix_command()))
+    driver = _driver_cuda_version()
+    if cuda and driver and Version(driver) < Version(cuda):
+        findings.append(Finding("torch.build", Status.FAIL, "driver",
+                                f"the driver supports CUDA {driver}; torch is built for CUDA {cuda}",
+                                "update the NVIDIA driver, or use a profile for an older CUDA"))
+    detail = f"; driver supports CUDA {driver}" if driver else ""
+    return findings or [Finding("torch.build", Status.OK, "torch", f"torch {version}, {variant} build{detail}")]
+
+
+@dataclass(frozen=True)
+class Hazard:
+    id: str
+    title: str
+    applies: Callable[[Context], bool]
+    mitigation: str  # what the bundled trainer does about it
+    mitigated_by: str  # trainer file that implements it; mitigated only if that file exists
+
+
+def _source_has(relative: str, pattern: str) -> Callable[[Context], bool]:
+    def applies(ctx: Context) -> bool:
+        source = ctx.torch_source(relative)
+        return bool(source and re.search(pattern, source, re.M))
+    return applies
+
+
+def _version_below(bound: str) -> Callable[[Context], bool]:
+    def applies(ctx: Context) -> bool:
+        try:
+            return Version(ctx.torch_build["version"]).release < Version(bound).release
+        except (InvalidVersion, TypeError):
+            return False
+    return applies
+
+
+HAZARDS = (
+    Hazard("H1", "FX tracing flag is process-global: a trace in one thread makes compiled calls in others raise "
+           "or run eager", _source_has("fx/_symbolic_trace.py", r"^_is_fx_tracing_flag\s*="),
+           "thread-aware tracing check installed before compiling", "threadsafe.py"),
+    Hazard("H2", "FX patches nn.Module.__call__ process-wide during a symbolic trace: other threads' module calls "
+           "are routed into the foreign tracer", _source_has("fx/_symbolic_trace.py", r'patch_method\(\s*torch\.nn\.Module,\s*"__call__"'),
+           "compile gate: no trace overlaps another thread's forward pass", "threadsafe.py"),
+    Hazard("H3", "dynamo config is thread-local: settings made in the main thread do not apply in workers",
+           _source_has("utils/_config_module.py", r"user_override\s*=\s*ContextVar\("),
+           "dynamo settings re-applied at the start of every worker thread", "threadsafe.py"),
+    Hazard("H4", "every new input shape recompiles inside the training step (seconds of stall, triggers H1/H2)",
+           _source_has("_dynamo/config.py", r"^recompile_limit\s*="),
+           "sequences padded to fixed length buckets, each compiled once before training", "buckets.py"),
+    Hazard("H5", "the default inductor cache is a shared temp dir loaded with pickle and import",
+           _source_has("_inductor/runtime/cache_dir_utils.py", r"gettempdir\(\)"),
+           "envkit points TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR at a private 0700 dir", "../envkit/cache.py"),
+    Hazard("H6", "concurrent readers may unpickle a half-written cache entry (fixed in 2.11.0)", _version_below("2.11"),
+           "warmers serialise on a file lock", "../envkit/cache.py"),
+    Hazard("H7", "flex_attention has no backward on CPU",
+           _source_has("nn/attention/flex_attention.py", r"does not support backward on CPU"),
+           "CPU trains through SDPA with a dense mask from the same rule", "masks.py"),
+    Hazard("H8", "eager flex_attention materialises the full score matrix (a silent fallback costs ~4x and memory)",
+           _source_has("nn/attention/flex_attention.py", r"materializes the full scores matrix"),
+           "compile-health monitor counts eager fallbacks and recompiles per thread", "threadsafe.py"),
+)
+
+
+def check_hazards(ctx: Context) -> list[Finding]:
+    if ctx.torch_build is None:
+        return [Finding("torch.hazard", Status.OK, "torch", "torch is not installed; no torch hazards")]
+    findings = []
+    trainer = paths.trainer_root() / "trainer"
+    for hazard in HAZARDS:
+        if not hazard.applies(ctx):
+            continue
+        mitigated = (trainer / hazard.mitigated_by).resolve().exists()
+        state = f"mitigated by the bundled trainer: {hazard.mitigation}" if mitigated else \
+            "NOT mitigated by this envkit's trainer yet"
+        findings.append(Finding("torch.hazard", Status.WARN, hazard.id,
+                                f"applies to torch {ctx.torch_build['version']}: {hazard.title}; {state}",
+                                "train through `envkit train`, which applies the mitigations" if mitigated else
+                                "avoid threads that compile concurrently; see HAZARDS.md"))
+    return findings or [Finding("torch.hazard", Status.OK, "torch", "no known hazard applies to this torch")]

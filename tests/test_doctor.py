@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_envkit, write_profile
+from wheels import build_wheel
+
+
+@pytest.fixture(scope="session")
+def doctor_wheelhouse(wheelhouse) -> Path:
+    build_wheel(wheelhouse, "ekt-delta", "1.0")
+    build_wheel(wheelhouse, "ekt-epsilon", "1.0", requires=("ekt-delta==1.0",))
+    return wheelhouse
+
+
+@pytest.fixture
+def clean_venv(tmp_path, doctor_wheelhouse, monkeypatch) -> Path:
+    # uv hard-links from its cache, so the hand patch below edits the cache copy too: keep it private.
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    lock = write_profile(tmp_path / "doc.toml", ["ekt-alpha==1.0", "ekt-gamma==1.0", "ekt-epsilon==1.0"])
+    run_envkit("lock", "--lock", str(lock), "--no-index", "--find-links", str(doctor_wheelhouse), check=True)
+    venv = tmp_path / "venv"
+    run_envkit("create", "--lock", str(lock), "--venv", str(venv), "--no-index", "--find-links",
+               str(doctor_wheelhouse), check=True)
+    return venv
+
+
+def uv_pip(venv: Path, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "uv", "pip", *args, "--python", str(venv / "bin" / "python")],
+                   check=True, capture_output=True)
+
+
+def site_packages(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def pollute(venv: Path, wheelhouse: Path, tmp_path: Path) -> dict[str, str]:
+    """Pollute the venv the way training venvs get polluted; return the environment to run doctor in."""
+    sp = site_packages(venv)
+    uv_pip(venv, "install", "--no-index", "--find-links", str(wheelhouse), "sglang==0.0.1")  # stray
+    uv_pip(venv, "install", "--no-index", "--find-links", str(wheelhouse), "ekt-beta==1.0")  # drift (the lock resolved 2.0)
+    uv_pip(venv, "uninstall", "ekt-delta")  # a missing dependency of ekt-epsilon
+    (sp / "ekt_alpha" / "__init__.py").write_text("VERSION = 'patched by hand'\n")  # hand patch
+    second = sp / "ekt_gamma-0.9.dist-info"  # a half-finished swap left a second dist-info
+    shutil.copytree(sp / "ekt_gamma-1.0.dist-info", second)
+    (second / "METADATA").write_text("Metadata-Version: 2.1\nName: ekt-gamma\nVersion: 0.9\n")
+    (sp / "zz_injected.pth").write_text("import os; os.environ.setdefault('INJECTED', '1')\n")
+    open_cache = tmp_path / "open-cache"
+    open_cache.mkdir()
+    open_cache.chmod(0o777)
+    return dict(os.environ, PYTHONPATH=str(tmp_path / "elsewhere"), TORCHINDUCTOR_CACHE_DIR=str(open_cache))
+
+
+def doctor_json(venv: Path, *args: str, env=None) -> tuple[int, dict]:
+    proc = run_envkit("doctor", "--venv", str(venv), "--json", *args, env=env)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def failing(report: dict) -> set[tuple[str, str]]:
+    return {(f["id"], f["subject"]) for f in report["findings"] if f["status"] == "fail"}
+
+
+def test_clean_venv_passes(clean_venv):
+    code, report = doctor_json(clean_venv)
+    assert code == 0, report
+    assert report["summary"]["fail"] == 0 and report["profile"] == "ekt"
+    assert {f["id"] for f in report["findings"]} >= {"lock.version", "stray.known", "files.modified", "env.leak"}
+
+
+def test_every_injected_fault_is_named(clean_venv, doctor_wheelhouse, tmp_path):
+    env = pollute(clean_venv, doctor_wheelhouse, tmp_path)
+    code, report = doctor_json(clean_venv, env=env)
+    assert code == 1
+    expected = {
+        ("stray.known", "sglang"),
+        ("lock.version", "ekt-beta"),
+        ("lock.missing", "ekt-delta"),
+        ("dist.requires", "ekt-epsilon"),
+        ("files.modified", "ekt_alpha/__init__.py"),
+        ("dist.duplicate", "ekt-gamma"),
+        ("site.pth", "zz_injected.pth"),
+        ("env.leak", "PYTHONPATH"),
+        ("cache.perms", env["TORCHINDUCTOR_CACHE_DIR"]),
+    }
+    assert expected <= failing(report), sorted(failing(report))
+    for finding in report["findings"]:
+        if finding["status"] == "fail":
+            assert finding["message"] and finding["fix"], finding
+    table = run_envkit("doctor", "--venv", str(clean_venv), env=env)
+    assert table.returncode == 1 and "FAIL" in table.stdout and "sglang" in table.stdout
+    assert "\x1b[" not in table.stdout  # no colour when not on a terminal
+
+
+def test_fix_resyncs_everything_but_env_and_cache(clean_venv, doctor_wheelhouse, tmp_path):
+    env = pollute(clean_venv, doctor_wheelhouse, tmp_path)
+    proc = run_envkit("doctor", "--venv", str(clean_venv), "--fix", "--no-index", "--find-links",
+                      str(doctor_wheelhouse), "--json", env=env)
+    report = json.loads(proc.stdout)
+    assert {finding_id for finding_id, _ in failing(report)} == {"env.leak", "cache.perms"}
+    clean_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")}
+    code, report = doctor_json(clean_venv, env=clean_env)
+    assert code == 0, failing(report)
+    alpha = subprocess.run([str(clean_venv / "bin" / "python"), "-c", "import ekt_alpha; print(ekt_alpha.VERSION)"],
+                           capture_output=True, text=True, env=clean_env).stdout.strip()
+    assert alpha == "1.0"
+
+
+def test_strict_fails_on_warnings(clean_venv):
+    (site_packages(clean_venv) / "extra_paths.pth").write_text("/somewhere/else\n")
+    assert run_envkit("doctor", "--venv", str(clean_venv)).returncode == 0
+    assert run_envkit("doctor", "--venv", str(clean_venv), "--strict").returncode == 1
+
+
+def test_without_a_lock_the_other_checks_run(tmp_path, doctor_wheelhouse):
+    venv = tmp_path / "plain"
+    subprocess.run([sys.executable, "-m", "uv", "venv", str(venv), "-q"], check=True)
+    uv_pip(venv, "install", "--no-index", "--find-links", str(doctor_wheelhouse), "sglang==0.0.1")
+    code, report = doctor_json(venv)
+    assert code == 1 and report["profile"] is None
+    assert ("stray.known", "sglang") in failing(report)
+    assert any("--profile" in s for s in report["skipped"])
+
+
+def test_not_a_venv_is_a_usage_error(tmp_path):
+    proc = run_envkit("doctor", "--venv", str(tmp_path))
+    assert proc.returncode == 2 and "not a venv" in proc.stderr
+
+
+@pytest.mark.slow
+def test_real_cpu_venv_reports_torch_hazards(cpu_venv):
+    code, report = doctor_json(cpu_venv)
+    hazards = {f["subject"] for f in report["findings"] if f["id"] == "torch.hazard"}
+    assert {"H1", "H2", "H3"} <= hazards
+    assert "H6" not in hazards  # fixed in torch 2.11
+    build = [f for f in report["findings"] if f["id"] == "torch.build"]
+    assert build and build[0]["status"] == "ok" and "CPU build" in build[0]["message"]
+    assert code == 0, failing(report)
