@@ -11,6 +11,7 @@ install:
 
 demo: install
 	$(PYTHON) -m envkit create --profile cpu
+	$(PYTHON) -m envkit doctor --profile cpu
 
 
 test:
