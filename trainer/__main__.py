@@ -1,0 +1,132 @@
+"""python -m trainer {train,eval,warmup}: the bundled DFlash drafter trainer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from trainer.config import TrainConfig, preset
+from trainer.target import TrainerInputError
+
+
+def _config(args) -> TrainConfig:
+    cfg = TrainConfig.from_dict(json.loads(Path(args.config).read_text())) if args.config else preset(args.preset)
+    overrides = {"steps": args.steps, "batch_size": args.batch_size, "num_anchors": args.num_anchors,
+                 "attention": args.attention, "seed": args.seed, "compile": args.compile}
+    for name, value in overrides.items():
+        if value is not None:
+            setattr(cfg, name, value)
+    if args.data:
+        cfg.data.path = args.data
+    if args.target:
+        cfg.target.path = args.target
+    if args.tokenizer:
+        cfg.data.tokenizer = args.tokenizer
+    if args.skip_bad:
+        cfg.data.skip_bad = True
+    cfg.__post_init__()  # re-validate after overrides
+    return cfg
+
+
+class Stop(Exception):
+    """SIGTERM: checkpoint and leave like Ctrl-C does."""
+
+
+def _raise_stop(signum, frame):
+    raise Stop
+
+
+def cmd_train(args) -> int:
+    from trainer.loop import Trainer
+
+    cfg = _config(args)
+    out = Path(args.out)
+    trainer = Trainer(cfg, out, device=args.device, resume=args.resume, log=lambda m: print(m, flush=True))
+    signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        summary = trainer.train()
+    except (KeyboardInterrupt, Stop) as exc:
+        path = trainer.save_checkpoint()
+        print(f"interrupted at step {trainer.step_count}; checkpoint {path}", flush=True)
+        return 143 if isinstance(exc, Stop) else 130
+    finally:
+        trainer.close()
+    print(json.dumps(summary), flush=True)
+    verdict = "beats both" if summary["beats_baselines"] else "does NOT beat both baselines: it has learned nothing worth reporting"
+    print(f"done: loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}, tau {summary['tau_start']:.2f} -> "
+          f"{summary['tau_end']:.2f} (repeat-anchor {summary['baseline_repeat_tau']:.2f}, copy "
+          f"{summary['baseline_copy_tau']:.2f}: {verdict})", flush=True)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from trainer import checkpoint
+    from trainer.loop import Trainer
+
+    state = checkpoint.load(Path(args.ckpt))
+    cfg = TrainConfig.from_dict(state["config"])
+    trainer = Trainer(cfg, Path(args.ckpt).parent, device=args.device, log=lambda m: print(m, file=sys.stderr))
+    trainer.load_state_dict(state)
+    print(json.dumps(trainer.evaluate()))
+    return 0
+
+
+def cmd_warmup(args) -> int:
+    """Compile every bucket single-threaded (what `envkit warm-cache` runs), then print the counters."""
+    from trainer.loop import Trainer
+    from trainer.monitor import inductor_cache_counters
+
+    cfg = _config(args)
+    cfg.compile = True
+    cfg.data.num_sequences = min(cfg.data.num_sequences, 4 * cfg.batch_size)
+    cfg.data.eval_sequences = 1
+    started = time.perf_counter()
+    trainer = Trainer(cfg, Path(args.out), device=args.device, log=lambda m: print(m, file=sys.stderr))
+
+    def progress(done, total, bucket):
+        print(json.dumps({"progress": done, "total": total, "bucket": bucket,
+                          "seconds": round(time.perf_counter() - started, 2)}), flush=True)
+
+    buckets = trainer.warmup(progress)
+    print(json.dumps({"buckets": buckets, "counters": inductor_cache_counters(),
+                      "seconds": round(time.perf_counter() - started, 2)}), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("train", "warmup"):
+        p = sub.add_parser(name)
+        p.add_argument("--preset", default="tiny", help="tiny | qwen3_8b")
+        p.add_argument("--config", help="a JSON TrainConfig instead of a preset")
+        p.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint.pt)")
+        p.add_argument("--steps", type=int)
+        p.add_argument("--batch-size", type=int)
+        p.add_argument("--num-anchors", type=int)
+        p.add_argument("--data", help="JSONL: conversations or input_ids/loss_mask")
+        p.add_argument("--target", help="local HF model directory (default: the preset's random target)")
+        p.add_argument("--tokenizer", help="tokenizer directory for conversation data")
+        p.add_argument("--attention", choices=["auto", "flex", "sdpa"])
+        p.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+        p.add_argument("--seed", type=int)
+        p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+        p.add_argument("--skip-bad", action="store_true", help="count and skip malformed JSONL lines")
+        p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p = sub.add_parser("eval")
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--device")
+    args = parser.parse_args(argv)
+    try:
+        return {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup}[args.command](args)
+    except (TrainerInputError, ValueError, FileNotFoundError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Typed configs and presets. Checkpoints store the config, so a run can be resumed or evaluated alone."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TargetConfig:
+    path: str | None = None  # local HF model dir; None = build from the fields below with random weights
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 4096
+    # Random targets are near-uniform; scaling the embeddings makes their outputs peaked enough to learn from.
+    embedding_scale: float = 1.0
+    mask_token_id: int | None = None  # None: the tokenizer's mask token, or the last vocab id for presets
+    seed: int = 0
+
+
+@dataclass
+class DrafterConfig:
+    num_layers: int = 1
+    block_size: int = 16  # B: anchor + B-1 predicted tokens per block
+    # Which target layers feed the drafter (0-based decoder layer indices); None = spread evenly.
+    target_layer_ids: list[int] | None = None
+    intermediate_size: int | None = None  # None: the target's
+    gamma: float = 7.0  # loss weight of slot k is exp(-(k-1)/gamma)
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None  # JSONL (conversations or input_ids/loss_mask); None = generate from the target
+    tokenizer: str | None = None  # for conversation JSONL; defaults to the target path
+    buckets: list[int] = field(default_factory=lambda: [64, 128])  # padded sequence lengths (fixed shapes)
+    num_sequences: int = 512  # generated data only
+    prompt_len: int = 8  # generated data: random prompt tokens before the target's continuation
+    sample_temperature: float = 80.0  # generated data: softmax(temperature x logits)
+    ban_recent: int = 32  # generated data: tokens seen in the last N positions are not sampled again
+    eval_sequences: int = 32
+    skip_bad: bool = False  # count and skip malformed JSONL lines instead of stopping
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "tiny"
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    batch_size: int = 8
+    num_anchors: int = 16  # blocks per sequence (padding blocks when fewer positions qualify)
+    steps: int = 300
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    warmup_frac: float = 0.04
+    grad_clip: float = 1.0
+    dtype: str = "float32"  # bf16 on GPU presets
+    attention: str = "auto"  # auto | flex | sdpa (flex has no backward on CPU)
+    compile: bool = False  # torch.compile the drafter step (one graph per length bucket)
+    lm_head_chunk: int = 2048  # positions per chunk of the fused LM-head cross-entropy
+    log_every: int = 10
+    eval_every: int = 100
+    ckpt_every: int = 100
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("target", "drafter", "data"):
+            value = getattr(self, name)
+            if isinstance(value, dict):  # loaded from a checkpoint or a JSON config
+                setattr(self, name, {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig}[name](**value))
+        if self.drafter.block_size < 2:
+            raise ValueError("drafter.block_size must be at least 2 (an anchor and one predicted token)")
+        if self.num_anchors < 1 or self.batch_size < 1:
+            raise ValueError("num_anchors and batch_size must be positive")
+        if self.attention not in ("auto", "flex", "sdpa"):
+            raise ValueError(f"attention must be auto, flex or sdpa, not {self.attention!r}")
+        if sorted(self.data.buckets) != self.data.buckets or not self.data.buckets:
+            raise ValueError("data.buckets must be a non-empty ascending list of lengths")
+        most = self.data.buckets[-1] - self.drafter.block_size + 1
+        if self.num_anchors > most:
+            raise ValueError(f"num_anchors {self.num_anchors} exceeds the {most} anchor positions of the largest "
+                             f"bucket ({self.data.buckets[-1]} tokens, block {self.drafter.block_size}); lower it")
+        if self.data.buckets[0] < self.drafter.block_size + 1:
+            raise ValueError(f"the smallest bucket ({self.data.buckets[0]}) cannot hold one block of "
+                             f"{self.drafter.block_size}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        return cls(**data)
+
+
+def tiny() -> TrainConfig:
+    """2 CPU cores, two minutes, learns something real (DESIGN.md's measured recipe)."""
+    return TrainConfig(
+        preset="tiny",
+        target=TargetConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
+                            num_kv_heads=2, head_dim=32, embedding_scale=10.0),
+        drafter=DrafterConfig(num_layers=1, block_size=8, gamma=4.0),
+        data=DataConfig(buckets=[64, 128], num_sequences=512),
+        batch_size=8, num_anchors=16, steps=2000, lr=5e-3, log_every=50, eval_every=500, ckpt_every=500,
+    )
+
+
+def qwen3_8b() -> TrainConfig:
+    """Qwen3-8B's real shapes with random weights: a faithful GPU workload that needs no download."""
+    return TrainConfig(
+        preset="qwen3_8b",
+        target=TargetConfig(vocab_size=151_936, hidden_size=4096, intermediate_size=12_288, num_layers=36,
+                            num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=40_960,
+                            embedding_scale=1.0),
+        drafter=DrafterConfig(num_layers=5, block_size=16, gamma=7.0),
+        data=DataConfig(buckets=[1024, 2048, 3072], num_sequences=64, prompt_len=64, eval_sequences=4),
+        batch_size=1, num_anchors=512, steps=100, lr=6e-4, dtype="bfloat16", attention="auto", compile=True,
+        log_every=5, eval_every=0, ckpt_every=0,
+    )
+
+
+PRESETS = {"tiny": tiny, "qwen3_8b": qwen3_8b}
+
+
+def preset(name: str) -> TrainConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+def target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[int]:
+    """One tapped layer per drafter layer, spread evenly from layer 1 to num_target_layers - 3."""
+    if num_drafter_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    if end <= start:
+        raise ValueError(f"a {num_target_layers}-layer target has no room for {num_drafter_layers} tapped layers")
+    span = end - start
+    return [round(start + i * span / (num_drafter_layers - 1)) for i in range(num_drafter_layers)]

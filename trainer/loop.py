@@ -1,0 +1,286 @@
+"""The training loop: one object with train(), step(), evaluate(), warmup(), state_dict() and close()."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import resource
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trainer import checkpoint, data as datasets, evaluate
+from trainer.config import TrainConfig, target_layer_ids
+from trainer.loss import block_targets, sample_anchors, weighted_block_loss
+from trainer.model import Attention, build_drafter
+from trainer.monitor import CompileMonitor, inductor_cache_counters
+from trainer.target import TrainerInputError, build_target, sync_config_from_model, tapped_states
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def pick_device(requested: str | None) -> torch.device:
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_attention(cfg: TrainConfig, device: torch.device, *, training: bool = True):
+    backend = cfg.attention
+    if backend == "auto":
+        backend = "flex" if device.type == "cuda" else "sdpa"
+    if backend == "flex" and device.type == "cpu" and training:
+        raise TrainerInputError("flex_attention has no backward on CPU (HAZARDS.md H7); use --attention sdpa")
+    return backend, getattr(Attention, backend)
+
+
+def _resolve_mask_token(cfg: TrainConfig, tokenizer) -> int:
+    if cfg.target.mask_token_id is not None:
+        return cfg.target.mask_token_id
+    if tokenizer is not None:
+        if tokenizer.mask_token_id is None:
+            raise TrainerInputError("the tokenizer has no mask token; add one to the tokenizer or set "
+                                    "target.mask_token_id in the config")
+        return tokenizer.mask_token_id
+    return cfg.target.vocab_size - 1  # presets reserve the last id
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, out_dir: str | Path, *, device: str | None = None, resume: bool = False,
+                 log=print):
+        self.cfg, self.log = cfg, log
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.device = pick_device(device)
+        self.dtype = getattr(torch, cfg.dtype) if self.device.type == "cuda" else torch.float32
+        self.target = build_target(cfg.target, device=self.device, dtype=self.dtype)
+        if cfg.target.path:
+            sync_config_from_model(cfg.target, self.target)
+        tokenizer = self._tokenizer()
+        self.mask_token_id = _resolve_mask_token(cfg, tokenizer)
+        self.layer_ids = cfg.drafter.target_layer_ids or target_layer_ids(cfg.target.num_layers, cfg.drafter.num_layers)
+        if max(self.layer_ids) >= cfg.target.num_layers or min(self.layer_ids) < 0:
+            raise TrainerInputError(f"target_layer_ids {self.layer_ids} outside the target's {cfg.target.num_layers} layers")
+        torch.manual_seed(cfg.seed)
+        self.drafter = build_drafter(cfg.drafter, cfg.target, len(self.layer_ids)).to(self.device)
+        self.embed_weight = self.target.get_input_embeddings().weight
+        self.head_weight = self.target.get_output_embeddings().weight
+        self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                           betas=(0.9, 0.95))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.backend, self.attend = pick_attention(cfg, self.device)
+        self.loss_fn = torch.compile(self._loss, dynamic=False) if cfg.compile else self._loss
+        self.train_data, self.eval_data = self._datasets(tokenizer)
+        self.monitor = CompileMonitor()
+        self.step_count = 0
+        self.first_loss: float | None = None
+        self.recent_losses: list[float] = []  # the summary's end loss is their mean: one batch is noisy
+        self.last_row: dict = {}
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self._metrics = None
+        if resume:
+            self.load_state_dict(checkpoint.load(self.out_dir / CHECKPOINT))
+            self.log(f"resumed from {self.out_dir / CHECKPOINT} at step {self.step_count}")
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def _tokenizer(self):
+        source = self.cfg.data.tokenizer or (self.cfg.target.path if self.cfg.data.path else None)
+        if not source:
+            return None
+        if not Path(source).is_dir():
+            raise TrainerInputError(f"tokenizer path {source} is not a directory; give --tokenizer PATH")
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source)
+
+    def _datasets(self, tokenizer):
+        cfg, block = self.cfg, self.cfg.drafter.block_size
+        if cfg.data.path:
+            train = datasets.load_jsonl(cfg.data.path, cfg.data, block, tokenizer)
+            # Hold out the last few sequences for tau.
+            held = max(1, min(cfg.data.eval_sequences, len(train.sequences) // 10))
+            eval_data = datasets.Dataset(train.sequences[-held:], cfg.data.buckets)
+            train = datasets.Dataset(train.sequences[:-held] or train.sequences, cfg.data.buckets,
+                                     dropped_short=train.dropped_short, truncated=train.truncated,
+                                     skipped_bad=train.skipped_bad)
+        else:
+            started = time.perf_counter()
+            train = datasets.generate(self.target, cfg.data, cfg.data.num_sequences, self.mask_token_id,
+                                      cfg.seed + 1, block, self.device)
+            eval_data = datasets.generate(self.target, cfg.data, cfg.data.eval_sequences, self.mask_token_id,
+                                          cfg.seed + 2, block, self.device)
+            self.log(f"generated {len(train.sequences)} training and {len(eval_data.sequences)} held-out sequences "
+                     f"from the target in {time.perf_counter() - started:.1f}s")
+        if train.dropped_short or train.truncated or train.skipped_bad:
+            self.log(f"data: dropped {train.dropped_short} too short for one block, truncated {train.truncated} "
+                     f"to {cfg.data.buckets[-1]} tokens, skipped {train.skipped_bad} malformed lines")
+        return train, eval_data
+
+    def _lr_factor(self, step: int) -> float:
+        warmup = max(1, int(self.cfg.steps * self.cfg.warmup_frac))
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, self.cfg.steps - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+    # -- the step ---------------------------------------------------------------------------------
+    def _loss(self, tapped, block_ids, anchors, labels, weights):
+        block_embeds = F.embedding(block_ids, self.embed_weight)  # (B, Q, H) shared, frozen
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attend)  # (B, Q, H)
+            return weighted_block_loss(hidden, self.head_weight, labels, weights, self.cfg.lm_head_chunk)
+
+    def _prepare(self, batch: dict, generator: torch.Generator):
+        cfg = self.cfg
+        anchors = sample_anchors(batch["loss_mask"], batch["lengths"], cfg.num_anchors, cfg.drafter.block_size,
+                                 generator)
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        anchors = anchors.to(self.device, non_blocking=True)
+        tapped = tapped_states(self.target, batch["input_ids"], batch["attention_mask"], self.layer_ids)
+        block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,
+                                                   cfg.drafter.block_size, cfg.drafter.gamma, self.mask_token_id)
+        return tapped, block_ids, anchors, labels, weights
+
+    def step(self) -> dict:
+        """One optimizer step on the batch of `step_count`; returns the metrics row."""
+        cfg = self.cfg
+        started = time.perf_counter()
+        batch = self.train_data.batch(self.step_count, cfg.batch_size, cfg.seed)
+        generator = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step_count)
+        self.drafter.train()
+        loss = self.loss_fn(*self._prepare(batch, generator))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step_count += 1
+        loss_value = float(loss.detach())  # host sync: once per step, the loss is logged every step
+        seconds = time.perf_counter() - started
+        tokens = int(batch["lengths"].sum())
+        row = {"step": self.step_count, "loss": round(loss_value, 5), "tokens_per_s": round(tokens / seconds, 1),
+               "lr": self.scheduler.get_last_lr()[0], "peak_mem_bytes": _peak_memory(self.device),
+               "bucket": int(batch["input_ids"].shape[1]), **self.monitor.since_warm()}
+        if self.first_loss is None:
+            self.first_loss = loss_value
+        self.recent_losses = (self.recent_losses + [loss_value])[-self.cfg.log_every:]
+        return row
+
+    # -- warm-up, eval, train ---------------------------------------------------------------------
+    def warmup(self, progress=None) -> list[int]:
+        """Compile every length bucket, forward and backward, single-threaded; no weights change."""
+        generator = torch.Generator().manual_seed(0)
+        for index, bucket in enumerate(self.cfg.data.buckets):
+            batch = self.train_data.bucket_batch(bucket, self.cfg.batch_size)
+            loss = self.loss_fn(*self._prepare(batch, generator))
+            loss.backward()
+            self.optimizer.zero_grad(set_to_none=True)
+            if progress:
+                progress(index + 1, len(self.cfg.data.buckets), bucket)
+        self.monitor.mark_warm()
+        return list(self.cfg.data.buckets)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        cfg = self.cfg
+        self.drafter.eval()
+        generator = torch.Generator().manual_seed(12_345)  # the same positions at every eval
+        scores = {"drafter": [], "repeat": [], "copy": []}
+        for bucket, members in sorted(self.eval_data.by_bucket.items()):
+            for start in range(0, len(members), cfg.batch_size):
+                seqs = [self.eval_data.sequences[i] for i in members[start:start + cfg.batch_size]]
+                batch = datasets.collate(seqs, bucket)
+                tapped, block_ids, anchors, labels, _ = self._prepare(batch, generator)
+                block_embeds = F.embedding(block_ids, self.embed_weight)
+                with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+                    hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attend)
+                    draft = (hidden @ self.head_weight.t()).argmax(-1)  # (B, Q)
+                draft = draft.view(anchors.shape[0], anchors.shape[1], cfg.drafter.block_size)
+                for name, values in evaluate.score_blocks(draft, batch["input_ids"], batch["lengths"], anchors.cpu(),
+                                                          cfg.drafter.block_size).items():
+                    scores[name] += values
+        return {"step": self.step_count, "eval": True, **evaluate.summarise(scores)}
+
+    def _write(self, row: dict) -> None:
+        if self._metrics is None:
+            self._metrics = self.metrics_path.open("a")
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        self.last_row = row
+
+    def _log_eval(self, row: dict) -> None:
+        self._write(row)
+        self.log(f"eval step {row['step']}: tau {row['acceptance_length']:.2f} (repeat-anchor "
+                 f"{row['baseline_repeat_tau']:.2f}, copy {row['baseline_copy_tau']:.2f}) over "
+                 f"{row['eval_positions']} positions")
+
+    def train(self) -> dict:
+        cfg = self.cfg
+        if cfg.compile:
+            started = time.perf_counter()
+            self.warmup()
+            self.log(f"warm-up: {len(cfg.data.buckets)} buckets compiled in {time.perf_counter() - started:.1f}s "
+                     f"({inductor_cache_counters()})")
+        first_eval = self.evaluate()
+        self._log_eval(first_eval)
+        row = {}
+        while self.step_count < cfg.steps:
+            row = self.step()
+            self._write(row)
+            if self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps:
+                self.log(f"step {row['step']:5d}  loss {row['loss']:.4f}  {row['tokens_per_s'] / 1000:.2f} Ktok/s  "
+                         f"lr {row['lr']:.2e}  peak {row['peak_mem_bytes'] / 2**20:.0f} MiB  "
+                         f"recompiles {row['recompiles']}  eager {row['eager_fallbacks']}")
+            if cfg.eval_every and self.step_count % cfg.eval_every == 0 and self.step_count < cfg.steps:
+                self._log_eval(self.evaluate())
+            if cfg.ckpt_every and self.step_count % cfg.ckpt_every == 0:
+                self.save_checkpoint()
+        final_eval = self.evaluate()
+        self._log_eval(final_eval)
+        self.save_checkpoint()
+        return self.summary(first_eval, final_eval, row)
+
+    def summary(self, first_eval: dict, final_eval: dict, last_row: dict) -> dict:
+        tau = final_eval["acceptance_length"]
+        beats = tau > max(final_eval["baseline_repeat_tau"], final_eval["baseline_copy_tau"])
+        return {"summary": True, "steps": self.step_count, "loss_start": self.first_loss,
+                "loss_end": round(sum(self.recent_losses) / len(self.recent_losses), 5) if self.recent_losses else None, "tau_start": first_eval["acceptance_length"], "tau_end": tau,
+                "baseline_repeat_tau": final_eval["baseline_repeat_tau"],
+                "baseline_copy_tau": final_eval["baseline_copy_tau"], "beats_baselines": beats,
+                "tokens_per_s": last_row.get("tokens_per_s"), "recompiles": last_row.get("recompiles", 0),
+                "eager_fallbacks": last_row.get("eager_fallbacks", 0), **inductor_cache_counters()}
+
+    # -- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"drafter": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "step": self.step_count, "first_loss": self.first_loss,
+                "config": self.cfg.to_dict(), "layer_ids": self.layer_ids, "mask_token_id": self.mask_token_id,
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drafter.load_state_dict(state["drafter"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step_count, self.first_loss = state["step"], state.get("first_loss")
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+
+    def save_checkpoint(self) -> Path:
+        path = self.out_dir / CHECKPOINT
+        checkpoint.save(path, self.state_dict())
+        return path
+
+    def close(self) -> None:
+        """Safe to call twice."""
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None

@@ -1,0 +1,45 @@
+"""Compile health: recompiles and eager fallbacks after warm-up, read from dynamo's own counters.
+
+A compiled function that silently runs eager (HAZARDS.md H1 with the error disabled, H3's recompile
+limit) looks like "throughput fell 4x and memory swings"; these counters make it loud.
+"""
+
+from __future__ import annotations
+
+
+def _counters():
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
+def snapshot() -> dict[str, int]:
+    counters = _counters()
+    return {
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "limit_hits": int(sum(v for k, v in counters["frames"].items() if "limit" in k)),
+    }
+
+
+def inductor_cache_counters() -> dict[str, int]:
+    counters = _counters()["inductor"]
+    return {name: int(counters.get(name, 0)) for name in
+            ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")} | {
+        name: int(_counters()["aot_autograd"].get(name, 0)) for name in ("autograd_cache_hit", "autograd_cache_miss")}
+
+
+class CompileMonitor:
+    """Counts what dynamo compiled or gave up on since `mark_warm()` (the end of warm-up)."""
+
+    def __init__(self):
+        self.baseline = snapshot()
+
+    def mark_warm(self) -> None:
+        self.baseline = snapshot()
+
+    def since_warm(self) -> dict[str, int]:
+        now = snapshot()
+        return {"recompiles": now["graphs"] - self.baseline["graphs"],
+                "eager_fallbacks": (now["graph_breaks"] - self.baseline["graph_breaks"])
+                + (now["limit_hits"] - self.baseline["limit_hits"])}

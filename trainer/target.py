@@ -1,0 +1,70 @@
+"""The frozen target: a transformers causal LM that returns the hidden states of its tapped layers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainer.config import TargetConfig
+
+
+class TrainerInputError(ValueError):
+    """Bad input to the trainer (paths, data, tokenizer); the message says what to do."""
+
+
+def _qwen3_config(cfg: TargetConfig):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                       intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
+                       num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+                       head_dim=cfg.head_dim, rope_theta=cfg.rope_theta,
+                       max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False)
+
+
+def build_target(cfg: TargetConfig, *, device: str | torch.device = "cpu", dtype=torch.float32,
+                 meta: bool = False) -> nn.Module:
+    """From a local path (from_pretrained), or from the config with random weights from a fixed seed."""
+    from transformers import AutoModelForCausalLM
+
+    if cfg.path:
+        if not Path(cfg.path).is_dir():
+            raise TrainerInputError(f"target path {cfg.path} is not a directory; give a local HF model dir with --target")
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation="sdpa")
+    else:
+        config = _qwen3_config(cfg)
+        config._attn_implementation = "sdpa"
+        if meta:
+            with torch.device("meta"):
+                return AutoModelForCausalLM.from_config(config)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            model = AutoModelForCausalLM.from_config(config)
+            with torch.no_grad():
+                # A random target is near-uniform; larger embeddings give it peaked, learnable outputs.
+                model.get_input_embeddings().weight.mul_(cfg.embedding_scale)
+        model = model.to(dtype)
+    model.requires_grad_(False)
+    return model.eval().to(device)
+
+
+def sync_config_from_model(cfg: TargetConfig, model: nn.Module) -> None:
+    """A pretrained target's real shapes override the preset's."""
+    config = model.config
+    cfg.vocab_size, cfg.hidden_size = config.vocab_size, config.hidden_size
+    cfg.intermediate_size, cfg.num_layers = config.intermediate_size, config.num_hidden_layers
+    cfg.num_heads, cfg.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+    cfg.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cfg.rope_theta = getattr(config, "rope_theta", cfg.rope_theta) or cfg.rope_theta
+
+
+@torch.no_grad()
+def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  layer_ids: list[int]) -> torch.Tensor:
+    """input_ids (B, S) -> concatenated outputs of the tapped decoder layers (B, S, taps*H)."""
+    out = model.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                      use_cache=False)
+    # hidden_states[0] is the embedding output; decoder layer i's output is hidden_states[i + 1].
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
