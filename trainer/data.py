@@ -85,7 +85,7 @@ def _conversation_tokens(tokenizer, messages: list[dict]) -> Sequence:
     mask: list[int] = []
     for i, message in enumerate(messages):
         prefix = tokenizer.apply_chat_template(messages[: i + 1], tokenize=True)
-        prefix = list(prefix["input_ids"] if isinstance(prefix, dict) else prefix)
+        prefix = list(prefix if isinstance(prefix, list) else prefix["input_ids"])  # v5 returns a BatchEncoding
         new = prefix[len(ids):]
         ids += new
         mask += [1 if message.get("role") == "assistant" else 0] * len(new)

@@ -1,0 +1,245 @@
+"""The bundled trainer on CPU with real torch: masks, backends, loss, resume, checkpoints, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainer import checkpoint  # noqa: E402
+from trainer.config import TrainConfig, qwen3_8b, tiny  # noqa: E402
+from trainer.loss import block_targets, sample_anchors, slot_weights  # noqa: E402
+from trainer.masks import dense_mask, make_mask_mod  # noqa: E402
+from trainer.model import Attention, build_drafter  # noqa: E402
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def small_config(**overrides) -> TrainConfig:
+    cfg = tiny()
+    cfg.data.num_sequences, cfg.data.eval_sequences = 32, 4
+    cfg.steps, cfg.log_every, cfg.eval_every, cfg.ckpt_every = 6, 2, 0, 3
+    for name, value in overrides.items():
+        setattr(cfg, name, value)
+    return cfg
+
+
+def random_anchors(batch=3, blocks=5, context=40, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    anchors = torch.randint(0, context, (batch, blocks), generator=g).sort(dim=1).values
+    anchors[0, -2:] = -1  # padding blocks
+    anchors[2, :] = -1  # a sequence with no anchor at all
+    return anchors
+
+
+def test_dense_mask_equals_flex_mask_mod():
+    from torch.nn.attention.flex_attention import create_mask
+
+    for seed in range(3):
+        anchors, context, block = random_anchors(seed=seed), 40, 4
+        dense = dense_mask(anchors, context, block)
+        q_len = anchors.shape[1] * block
+        flex = create_mask(make_mask_mod(anchors, context, block), anchors.shape[0], 1, q_len, context + q_len)
+        assert torch.equal(dense, flex[:, 0])
+
+
+def test_dense_mask_rule():
+    anchors = torch.tensor([[5, -1]])
+    mask = dense_mask(anchors, context_len=8, block_size=2)  # (1, 4, 12)
+    assert mask[0, 0, :5].all() and not mask[0, 0, 5:8].any()  # context strictly before anchor 5
+    assert mask[0, 0, 8:10].all() and not mask[0, 0, 10:].any()  # its own block only
+    assert not mask[0, 2:].any()  # the padding block sees nothing
+
+
+def test_flex_and_sdpa_agree_on_cpu_forward():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    torch.manual_seed(0)
+    anchors, context, block = random_anchors(), 40, 4
+    q = torch.randn(3, 4, anchors.shape[1] * block, 16)
+    k = torch.randn(3, 2, context + anchors.shape[1] * block, 16)
+    v = torch.randn_like(k)
+    with torch.no_grad():
+        sdpa = Attention.sdpa(q, k, v, anchors, context, block)
+        flex = Attention.flex(q, k, v, anchors, context, block)
+    # Rows of padding blocks see nothing: SDPA zeroes them; flex's output there is 0 too.
+    torch.testing.assert_close(sdpa, flex, atol=1e-5, rtol=1e-4)
+
+
+def test_sdpa_gradients_are_finite_with_padding_blocks():
+    cfg = small_config()
+    drafter = build_drafter(cfg.drafter, cfg.target, num_taps=1)
+    anchors = random_anchors(context=64)
+    tapped = torch.randn(3, 64, cfg.target.hidden_size)
+    embeds = torch.randn(3, anchors.shape[1] * cfg.drafter.block_size, cfg.target.hidden_size)
+    drafter(tapped, embeds, anchors, Attention.sdpa).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in drafter.parameters() if p.grad is not None)
+
+
+def test_anchor_sampling_respects_padding_and_sequence_ends():
+    block = 4
+    loss_mask = torch.zeros(2, 20, dtype=torch.bool)
+    loss_mask[0, 6:12] = True  # supervised span inside a 12-token sequence
+    loss_mask[1, :] = True
+    lengths = torch.tensor([12, 9])
+    anchors = sample_anchors(loss_mask, lengths, 30, block, torch.Generator().manual_seed(0))
+    row0 = anchors[0][anchors[0] >= 0]
+    assert row0.tolist() == sorted(set(row0.tolist())) and len(row0) > 0
+    assert all(5 <= a and a + block - 1 < 12 for a in row0.tolist())
+    row1 = anchors[1][anchors[1] >= 0]
+    assert row1.tolist() == list(range(0, 9 - block + 1))  # every position whose continuation fits
+
+
+def test_block_targets_and_weights():
+    input_ids = torch.arange(100, 120)[None]
+    loss_mask = torch.ones(1, 20, dtype=torch.bool)
+    loss_mask[0, 15:] = False
+    anchors = torch.tensor([[3, 13, -1]])
+    block_ids, labels, weights = block_targets(input_ids, loss_mask, torch.tensor([18]), anchors, 4, 2.0, 7)
+    assert block_ids[0, :4].tolist() == [103, 7, 7, 7]
+    assert labels[0, :4].tolist() == [103, 104, 105, 106]
+    w = slot_weights(4, 2.0)
+    assert w[0] == 0 and torch.allclose(w[1:], torch.exp(-torch.arange(3.0) / 2.0))
+    assert torch.allclose(weights[0, :4], w)
+    assert weights[0, 4:8].tolist()[:2] == pytest.approx(w[:2].tolist()) and weights[0, 6:8].tolist() == [0, 0]
+    assert weights[0, 8:].sum() == 0  # the padding block
+
+
+def test_resume_gives_the_same_losses(tmp_path):
+    from trainer.loop import Trainer
+
+    def losses(path: Path) -> list[float]:
+        return [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if "loss" in r]
+
+    whole = Trainer(small_config(), tmp_path / "whole", log=lambda m: None)
+    whole.train()
+    whole.close()
+    part = Trainer(small_config(), tmp_path / "part", log=lambda m: None)
+    for _ in range(3):  # the same run, stopped after three steps
+        part._write(part.step())
+    part.save_checkpoint()
+    part.close()
+    resumed = Trainer(small_config(), tmp_path / "part", resume=True, log=lambda m: None)
+    assert resumed.step_count == 3
+    resumed.train()
+    resumed.close()
+    resumed.close()  # safe twice
+    assert losses(tmp_path / "part" / "metrics.jsonl") == losses(tmp_path / "whole" / "metrics.jsonl")
+
+
+class ExplodesWhenPickled:
+    def __reduce__(self):
+        raise RuntimeError("disk full halfway through the checkpoint")
+
+
+def test_crash_while_writing_a_checkpoint_keeps_the_previous(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save(path, {"step": 1, "weights": torch.ones(1000)})
+    with pytest.raises(RuntimeError):
+        checkpoint.save(path, {"step": 2, "weights": torch.zeros(1000), "bad": ExplodesWhenPickled()})
+    assert checkpoint.load(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_qwen3_8b_shapes_on_meta():
+    from trainer.config import target_layer_ids
+    from trainer.target import build_target
+
+    cfg = qwen3_8b()
+    target = build_target(cfg.target, meta=True)
+    target_params = sum(p.numel() for p in target.parameters())
+    assert 7.9e9 < target_params < 8.4e9
+    with torch.device("meta"):
+        drafter = build_drafter(cfg.drafter, cfg.target, num_taps=5)
+    drafter_params = sum(p.numel() for p in drafter.parameters())
+    assert 0.9e9 < drafter_params < 1.3e9
+    assert target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+
+
+def run_trainer(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, cwd=cwd or PROJECT,
+                          timeout=300)
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    good = {"input_ids": list(range(1, 40)), "loss_mask": [1] * 39}
+    data = write_jsonl(tmp_path / "d.jsonl", [good, "{not json", good, {"input_ids": [1, 2]}] + [good] * 8)
+    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--steps", "1", "--data", str(data))
+    assert proc.returncode == 1 and f"{data}:2: malformed line" in proc.stderr and "--skip-bad" in proc.stderr
+    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--steps", "2", "--data", str(data), "--skip-bad")
+    assert proc.returncode == 0, proc.stderr
+    assert "dropped 1 too short for one block" in proc.stdout and "skipped 1 malformed lines" in proc.stdout
+
+
+def test_missing_paths_and_too_many_anchors(tmp_path):
+    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--target", str(tmp_path / "nope"))
+    assert proc.returncode == 1 and "target path" in proc.stderr and "--target" in proc.stderr
+    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--data", str(tmp_path / "nope.jsonl"))
+    assert proc.returncode == 1 and "does not exist" in proc.stderr
+    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--num-anchors", "100000")
+    assert proc.returncode == 1 and "num_anchors 100000 exceeds" in proc.stderr
+
+
+def _save_tokenizer(path: Path, *, with_mask: bool) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<user>", "<assistant>", "<mask>"] + [f"w{i}" for i in range(60)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                   **({"mask_token": "<mask>"} if with_mask else {}))
+    fast.chat_template = "{% for m in messages %}<{{ m.role }}> {{ m.content }} {% endfor %}"
+    fast.save_pretrained(path)
+    return path
+
+
+def test_tokenizer_without_mask_token(tmp_path):
+    tokenizer = _save_tokenizer(tmp_path / "tok", with_mask=False)
+    data = write_jsonl(tmp_path / "c.jsonl", [{"conversations": [{"role": "user", "content": "w1 w2"}]}])
+    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--data", str(data), "--tokenizer", str(tokenizer))
+    assert proc.returncode == 1 and "no mask token" in proc.stderr
+
+
+def test_conversations_train_on_assistant_tokens(tmp_path):
+    from transformers import AutoTokenizer
+
+    from trainer.config import DataConfig
+    from trainer.data import load_jsonl
+
+    tokenizer_dir = _save_tokenizer(tmp_path / "tok", with_mask=True)
+    reply = " ".join(f"w{i % 60}" for i in range(30))
+    rows = [{"conversations": [{"role": "user", "content": "w1 w2 w3"}, {"role": "assistant", "content": reply}]}]
+    data = load_jsonl(str(write_jsonl(tmp_path / "c.jsonl", rows)), DataConfig(buckets=[64]), 4,
+                      AutoTokenizer.from_pretrained(tokenizer_dir))
+    seq = data.sequences[0]
+    assert seq.loss_mask[:4] == [0, 0, 0, 0]  # "<user> w1 w2 w3"
+    assert sum(seq.loss_mask) == 31  # "<assistant>" and the 30 reply words
+
+
+@pytest.mark.slow
+def test_tiny_cli_learns_and_writes_metrics(tmp_path):
+    out = tmp_path / "run"
+    proc = run_trainer("train", "--out", str(out), "--steps", "300")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    evals = [r for r in rows if r.get("eval")]
+    assert len(steps) == 300 and {"step", "loss", "tokens_per_s", "lr", "peak_mem_bytes"} <= steps[0].keys()
+    assert {"acceptance_length", "baseline_repeat_tau", "baseline_copy_tau"} <= evals[-1].keys()
+    assert evals[-1]["acceptance_length"] > evals[0]["acceptance_length"]
+    summary = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('{"summary"')))
+    assert summary["loss_end"] < summary["loss_start"]
+    assert (out / "checkpoint.pt").exists()
+    proc = run_trainer("eval", "--ckpt", str(out / "checkpoint.pt"))
+    assert proc.returncode == 0 and json.loads(proc.stdout)["acceptance_length"] == evals[-1]["acceptance_length"]
