@@ -1,14 +1,424 @@
-"""The managed compile cache: location, env key, warm-up, fingerprint and verification."""
+"""The managed compile cache: private location, env key, warm-up, fingerprint and verification.
+
+Layout: <cache root>/compile/<env key>/{inductor,triton,fingerprint.json}, dirs 0700, plus a
+sibling `<env key>.lock` that serialises warmers (HAZARDS.md H5, H6).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from filelock import FileLock
+
 from envkit import paths
+from envkit.doctor.cachechecks import permission_problem
 from envkit.doctor.findings import Finding, Status
-from envkit.venv import Venv
+from envkit.errors import CacheError
+from envkit.venv import Venv, write_json_atomic
+
+FINGERPRINT = "fingerprint.json"
+CACHE_SUBDIRS = ("inductor", "triton")
+EXPORT_HEADER = "envkit-cache.json"
+EXPORT_BLOB = "mega-cache.bin"
+
+
+# -- env key -------------------------------------------------------------------------------------
+def trainer_digest() -> str:
+    """sha256 over the bundled trainer's sources: a changed model changes the compiled graphs."""
+    digest = hashlib.sha256()
+    root = paths.trainer_root() / "trainer"
+    for source in sorted(root.rglob("*.py")):
+        digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
+    """The environment the trainer runs with: the bundled trainer importable, the private cache dirs."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(paths.trainer_root())
+    env["PYTHONUNBUFFERED"] = "1"
+    if cache_dir is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+        env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
+    return env
+
+
+def _trainer_args(preset: str | None, config: str | None) -> list[str]:
+    return ["--config", str(Path(config).resolve())] if config else ["--preset", preset or "tiny"]
+
+
+def _run_trainer(venv: Venv, args: list[str], env: dict[str, str], *, timeout: float | None = None):
+    proc = subprocess.run([str(venv.python), "-m", "trainer", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise _trainer_failure(venv, args, proc.stderr)
+    return proc
+
+
+def _trainer_failure(venv: Venv, args: list[str], stderr: str) -> CacheError:
+    if "No module named 'torch'" in stderr:
+        return CacheError(f"{venv.path} has no torch; the compile cache needs the trainer's environment: "
+                          f"`envkit create --profile cpu` (or cuda) and pass its --venv")
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    error = next((line for line in reversed(lines) if line.startswith("Error: ")), None)
+    if error:
+        return CacheError(error.removeprefix("Error: "))
+    tail = "\n  ".join(lines[-8:])
+    return CacheError(f"`python -m trainer {args[0]}` failed in {venv.path}:\n  {tail}")
+
+
+def key_parts(venv: Venv, preset: str | None, config: str | None) -> dict:
+    """What decides whether compiled artifacts can be reused, read by the venv's own interpreter."""
+    described = json.loads(_run_trainer(venv, ["describe", *_trainer_args(preset, config)],
+                                        trainer_env(venv, None), timeout=300).stdout)
+    config_digest = hashlib.sha256(json.dumps(described["config"], sort_keys=True).encode()).hexdigest()[:16]
+    return {"torch": described["torch"], "cuda": described["cuda"], "triton": described["triton"],
+            "python": described["python"], "device": described["device"], "trainer": trainer_digest(),
+            "preset": described["preset"], "config": config_digest}
+
+
+def env_key(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def compile_root() -> Path:
+    return paths.cache_root() / "compile"
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create `path` (and the compile root) 0700; refuse one that others own or can write."""
+    try:
+        for directory in (compile_root(), path, *(path / sub for sub in CACHE_SUBDIRS)):
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            problem = permission_problem(directory)
+            if problem:
+                raise CacheError(f"compile cache dir {directory} is {problem}; fix with `chmod -R go-rwx {directory}` "
+                                 f"(if it is yours) or set ENVKIT_CACHE_DIR to a private dir")
+    except OSError as exc:
+        raise CacheError(f"cannot create the compile cache at {path}: {exc.strerror}; set ENVKIT_CACHE_DIR to a "
+                         f"writable dir") from None
+
+
+# -- fingerprint ---------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def scan(cache_dir: Path) -> dict[str, tuple[int, str]]:
+    """{relative path: (size, sha256)} of every file under inductor/ and triton/."""
+    files = {}
+    for sub in CACHE_SUBDIRS:
+        for path in sorted((cache_dir / sub).rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                files[str(path.relative_to(cache_dir))] = (path.stat().st_size, _sha256(path))
+    return files
+
+
+def files_digest(files: dict[str, tuple[int, str]]) -> str:
+    canonical = json.dumps(sorted([p, s, h] for p, (s, h) in files.items()), separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def read_fingerprint(cache_dir: Path) -> dict | None:
+    path = cache_dir / FINGERPRINT
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data.get("files"), list) or "digest" not in data:
+            raise ValueError("missing files or digest")
+        return data
+    except (OSError, ValueError) as exc:
+        raise CacheError(f"{path} is corrupted ({exc}); its cache cannot be trusted: remove {cache_dir} and run "
+                         f"`envkit warm-cache` again") from None
+
+
+@dataclass(frozen=True)
+class Verification:
+    cache_dir: str
+    env_key: str
+    fingerprinted: bool
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    added: tuple[str, ...] = ()  # growth: new entries torch wrote since, not a trust problem
+    key_differs: dict = field(default_factory=dict)  # part -> [fingerprinted, now]
+
+    @property
+    def ok(self) -> bool:
+        return self.fingerprinted and not self.removed and not self.changed and not self.key_differs
+
+
+def compare(cache_dir: Path, fingerprint: dict) -> Verification:
+    recorded = {p: (s, h) for p, s, h in fingerprint["files"]}
+    current = scan(cache_dir)
+    return Verification(
+        str(cache_dir), fingerprint.get("env_key", cache_dir.name), True,
+        removed=tuple(sorted(set(recorded) - set(current))),
+        changed=tuple(sorted(p for p in set(recorded) & set(current) if recorded[p] != current[p])),
+        added=tuple(sorted(set(current) - set(recorded))))
+
+
+def write_fingerprint(cache_dir: Path, parts: dict, buckets: list[int], counters: dict, venv: Venv) -> dict:
+    files = scan(cache_dir)
+    manifest = venv.manifest() or {}
+    fingerprint = {
+        "env_key": cache_dir.name, "key_parts": parts, "buckets": buckets, "counters": counters,
+        "venv": str(venv.path), "lock_digest": manifest.get("lock_digest"),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "files": [[p, s, h] for p, (s, h) in sorted(files.items())], "digest": files_digest(files),
+    }
+    write_json_atomic(cache_dir / FINGERPRINT, fingerprint)
+    return fingerprint
+
+
+# -- warm-up -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WarmResult:
+    cache_dir: str
+    env_key: str
+    buckets: list[int]
+    counters: dict
+    fingerprint: str
+    files: int
+    bytes: int
+    seconds: float
+
+
+def _progress_bar(done: int, total: int, bucket: int, seconds: float) -> str:
+    filled = int(20 * done / total)
+    return f"\rwarm-cache [{'#' * filled}{'.' * (20 - filled)}] {done}/{total} buckets (last: {bucket} tokens) {seconds:.0f}s"
+
+
+def _stream_warmup(venv: Venv, args: list[str], env: dict[str, str], quiet: bool) -> dict:
+    """Run the trainer's warm-up, drawing its progress lines as a bar on stderr; return its final line."""
+    with tempfile.TemporaryDirectory(prefix="envkit-warm-") as out, tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen([str(venv.python), "-m", "trainer", "warmup", *args, "--out", out],
+                                stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+        final = None
+        try:
+            for line in proc.stdout:
+                record = json.loads(line) if line.startswith("{") else {}
+                if "progress" in record and not quiet:
+                    print(_progress_bar(record["progress"], record["total"], record["bucket"], record["seconds"]),
+                          end="", file=sys.stderr, flush=True)
+                elif "buckets" in record:
+                    final = record
+            proc.wait()
+        except BaseException:
+            proc.terminate()
+            proc.wait()
+            raise
+        if not quiet:
+            print(file=sys.stderr)
+        if proc.returncode != 0 or final is None:
+            errors.seek(0)
+            raise _trainer_failure(venv, ["warmup"], errors.read())
+    return final
+
+
+def _check_trusted(cache_dir: Path) -> None:
+    """Refuse to re-fingerprint a cache whose fingerprinted files changed: that would launder tampering."""
+    fingerprint = read_fingerprint(cache_dir)
+    if fingerprint is None:
+        return
+    result = compare(cache_dir, fingerprint)
+    if result.removed or result.changed:
+        named = ", ".join((result.changed + result.removed)[:3])
+        raise CacheError(f"{cache_dir} changed since it was fingerprinted ({named}); it cannot be trusted: "
+                         f"remove it (`rm -rf {cache_dir}`) and run `envkit warm-cache` again")
+
+
+def warm(venv: Venv, preset: str | None = None, config: str | None = None, *, quiet: bool = False,
+         export: Path | None = None) -> WarmResult:
+    started = time.perf_counter()
+    parts = key_parts(venv, preset, config)
+    key = env_key(parts)
+    cache_dir = compile_root() / key
+    ensure_private_dir(cache_dir)
+    with FileLock(str(cache_dir.with_suffix(".lock"))):
+        _check_trusted(cache_dir)
+        args = _trainer_args(preset, config) + (["--export", str(export)] if export else [])
+        final = _stream_warmup(venv, args, trainer_env(venv, cache_dir), quiet)
+        # The fingerprint is written last: an interrupted warm-up leaves none, and the next run continues.
+        fingerprint = write_fingerprint(cache_dir, parts, final["buckets"], final["counters"], venv)
+    size = sum(s for _p, s, _h in fingerprint["files"])
+    return WarmResult(str(cache_dir), key, final["buckets"], final["counters"], fingerprint["digest"],
+                      len(fingerprint["files"]), size, round(time.perf_counter() - started, 2))
+
+
+def verify(venv: Venv, preset: str | None = None, config: str | None = None) -> Verification:
+    parts = key_parts(venv, preset, config)
+    key = env_key(parts)
+    cache_dir = compile_root() / key
+    fingerprint = read_fingerprint(cache_dir)
+    if fingerprint is None:
+        return Verification(str(cache_dir), key, False, key_differs=_closest_key_difference(parts, venv))
+    return compare(cache_dir, fingerprint)
+
+
+def _fingerprints() -> list[tuple[Path, dict | None]]:
+    found = []
+    for path in sorted(compile_root().glob(f"*/{FINGERPRINT}")):
+        try:
+            found.append((path.parent, read_fingerprint(path.parent)))
+        except CacheError:
+            found.append((path.parent, None))
+    return found
+
+
+def _closest_key_difference(parts: dict, venv: Venv) -> dict:
+    """For a cold cache: which key parts differ from a cache this venv warmed before (why it is cold)."""
+    for _cache_dir, fingerprint in _fingerprints():
+        if fingerprint and fingerprint.get("venv") == str(venv.path):
+            old = fingerprint.get("key_parts", {})
+            return {k: [old.get(k), v] for k, v in parts.items() if old.get(k) != v}
+    return {}
+
+
+# -- doctor --------------------------------------------------------------------------------------
+def _installed_version(venv: Venv, name: str) -> str | None:
+    from envkit.installed import installed_distributions
+
+    for dist in installed_distributions(venv.site_packages()):
+        if dist.name == name:
+            return dist.version
+    return None
 
 
 def doctor_findings(venv: Venv) -> list[Finding]:
-    """cache.fingerprint for doctor."""
-    return [Finding("cache.fingerprint", Status.WARN, str(paths.cache_root() / "compile"),
-                    "no fingerprinted compile cache exists for this venv: the first steps will compile cold",
-                    f"envkit warm-cache --venv {venv.path}")]
+    """cache.fingerprint, read from outside (no torch import): fingerprints this venv made, re-hashed."""
+    fix = f"envkit warm-cache --venv {venv.path}"
+    mine = [(d, f) for d, f in _fingerprints() if f is None or f.get("venv") == str(venv.path)]
+    if not mine:
+        return [Finding("cache.fingerprint", Status.WARN, str(compile_root()),
+                        "no fingerprinted compile cache for this venv: the first steps of every bucket compile cold",
+                        fix)]
+    findings = []
+    now = {"torch": _installed_version(venv, "torch"), "triton": _installed_version(venv, "triton"),
+           "python": venv.pyvenv_cfg().get("version_info"), "trainer": trainer_digest()}
+    for cache_dir, fingerprint in mine:
+        if fingerprint is None:
+            findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
+                                    f"{FINGERPRINT} is corrupted: this cache cannot be trusted",
+                                    f"rm -rf {cache_dir} && {fix}"))
+            continue
+        result = compare(cache_dir, fingerprint)
+        if result.changed or result.removed:
+            named = ", ".join(result.changed[:2] + result.removed[:2])
+            findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
+                                    f"{len(result.changed)} changed and {len(result.removed)} removed files since "
+                                    f"fingerprinted ({named}): corruption or tampering", f"rm -rf {cache_dir} && {fix}"))
+            continue
+        old = fingerprint.get("key_parts", {})
+        stale = {k: (old.get(k), v) for k, v in now.items() if k in old and old.get(k) != v}
+        if stale:
+            what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in stale.items())
+            findings.append(Finding("cache.fingerprint", Status.WARN, str(cache_dir),
+                                    f"stale for this venv ({what}): training would compile cold", fix))
+            continue
+        growth = f", {len(result.added)} files added since (growth)" if result.added else ""
+        findings.append(Finding("cache.fingerprint", Status.OK, str(cache_dir),
+                                f"preset {old.get('preset')}: {len(fingerprint['files'])} files match their "
+                                f"fingerprint{growth}"))
+    return findings
+
+
+# -- export / import / ls / prune ----------------------------------------------------------------
+def export(venv: Venv, target: Path, preset: str | None = None, config: str | None = None, *,
+           quiet: bool = False) -> dict:
+    """Warm (hits on a warm cache), capture torch's Mega-Cache blob, and write it with the env key as one file."""
+    with tempfile.TemporaryDirectory(prefix="envkit-export-") as tmp:
+        blob = Path(tmp) / EXPORT_BLOB
+        result = warm(venv, preset, config, quiet=quiet, export=blob)
+        fingerprint = read_fingerprint(Path(result.cache_dir))
+        header = {"env_key": result.env_key, "key_parts": fingerprint["key_parts"], "buckets": result.buckets,
+                  "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        partial = target.with_name(f".{target.name}.tmp")
+        with zipfile.ZipFile(partial, "w") as archive:
+            archive.writestr(EXPORT_HEADER, json.dumps(header, indent=2, sort_keys=True))
+            archive.write(blob, EXPORT_BLOB)
+        partial.replace(target)
+    return {"file": str(target), "env_key": result.env_key, "bytes": target.stat().st_size}
+
+
+def import_(venv: Venv, source: Path, preset: str | None = None, config: str | None = None) -> dict:
+    started = time.perf_counter()
+    try:
+        with zipfile.ZipFile(source) as archive:
+            header = json.loads(archive.read(EXPORT_HEADER))
+            blob = archive.read(EXPORT_BLOB)
+    except (OSError, KeyError, zipfile.BadZipFile, ValueError) as exc:
+        raise CacheError(f"{source} is not an envkit cache export ({exc}); make one with `envkit cache export`") from None
+    parts = key_parts(venv, preset or header["key_parts"].get("preset"), config)
+    key = env_key(parts)
+    if key != header["env_key"]:
+        differs = ", ".join(f"{k}: exported {header['key_parts'].get(k)!r}, here {v!r}"
+                            for k, v in parts.items() if header["key_parts"].get(k) != v)
+        raise CacheError(f"{source} was exported for env key {header['env_key']}, this venv needs {key} ({differs}); "
+                         f"export it from a matching environment or run `envkit warm-cache` here")
+    cache_dir = compile_root() / key
+    ensure_private_dir(cache_dir)
+    with FileLock(str(cache_dir.with_suffix(".lock"))), tempfile.TemporaryDirectory(prefix="envkit-import-") as tmp:
+        _check_trusted(cache_dir)
+        blob_path = Path(tmp) / EXPORT_BLOB
+        blob_path.write_bytes(blob)
+        _run_trainer(venv, ["load-cache", str(blob_path)], trainer_env(venv, cache_dir))
+        fingerprint = write_fingerprint(cache_dir, parts, header["buckets"], {}, venv)
+    return {"cache_dir": str(cache_dir), "env_key": key, "files": len(fingerprint["files"]),
+            "fingerprint": fingerprint["digest"], "seconds": round(time.perf_counter() - started, 2)}
+
+
+def list_caches() -> list[dict]:
+    rows = []
+    for cache_dir in sorted(p for p in compile_root().glob("*") if p.is_dir()):
+        try:
+            fingerprint = read_fingerprint(cache_dir)
+        except CacheError:
+            fingerprint = {"corrupted": True}
+        size = sum(f.stat().st_size for f in cache_dir.rglob("*") if f.is_file())
+        fingerprint = fingerprint or {}
+        rows.append({"env_key": cache_dir.name, "path": str(cache_dir), "bytes": size,
+                     "preset": fingerprint.get("key_parts", {}).get("preset"), "venv": fingerprint.get("venv"),
+                     "buckets": fingerprint.get("buckets"), "created_at": fingerprint.get("created_at"),
+                     "fingerprinted": "digest" in fingerprint, "corrupted": fingerprint.get("corrupted", False)})
+    return rows
+
+
+def prune(*, dry_run: bool = False) -> list[dict]:
+    """Remove caches of env keys no venv uses any more: their venv is gone or its torch/python changed."""
+    removed = []
+    for row in list_caches():
+        venv_path = row["venv"]
+        reason = None
+        if not row["fingerprinted"]:
+            continue  # an interrupted warm-up continues from it; a corrupted one is doctor's to report
+        if not venv_path or not Venv(Path(venv_path)).is_venv():
+            reason = f"venv {venv_path} is gone"
+        else:
+            fingerprint = read_fingerprint(Path(row["path"]))
+            venv = Venv(Path(venv_path))
+            old = fingerprint["key_parts"]
+            if old.get("torch") != _installed_version(venv, "torch") or \
+                    old.get("python") != venv.pyvenv_cfg().get("version_info"):
+                reason = f"venv {venv_path} now has another torch or python"
+        if reason:
+            if not dry_run:
+                shutil.rmtree(row["path"], ignore_errors=True)
+                Path(row["path"]).with_suffix(".lock").unlink(missing_ok=True)
+            removed.append({**row, "reason": reason})
+    return removed

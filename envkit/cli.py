@@ -177,5 +177,140 @@ def doctor_command(venv_path, profile_name, lock_path, as_json, strict, deep, ap
     sys.exit(1 if report.failed(strict=strict) else 0)
 
 
+venv_option = click.option("--venv", "venv_path", type=click.Path(file_okay=False), metavar="PATH",
+                           help="The managed venv (default: the profile's, $ENVKIT_HOME/venvs/<profile>).")
+preset_option = click.option("--preset", default=None, metavar="NAME", help="Trainer preset: tiny (default), qwen3_8b.")
+config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), metavar="PATH",
+                             help="A JSON trainer config instead of a preset.")
+
+
+def _venv(venv_path, profile_name):
+    from envkit.errors import VenvError
+    from envkit.venv import resolve_venv
+
+    try:
+        return resolve_venv(venv_path, profile_name)
+    except VenvError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _check_preset_choice(preset, config_path) -> None:
+    if preset and config_path:
+        raise click.UsageError("give --preset or --config, not both")
+
+
+@main.command("warm-cache")
+@venv_option
+@profile_option
+@preset_option
+@config_option
+@click.option("--verify", "only_verify", is_flag=True, help="Re-hash the cache and compare with its fingerprint.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def warm_cache_command(venv_path, profile_name, preset, config_path, only_verify, as_json):
+    """Compile every shape bucket once into a private cache, then fingerprint it.
+
+    Runs the trainer's warm-up single-threaded in the venv's interpreter, forward and backward,
+    with TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR in $ENVKIT_CACHE_DIR/compile/<env-key> (0700),
+    holding a file lock. --verify reports removed or changed files (exit 1) apart from added ones.
+    """
+    from envkit import cache
+
+    _check_preset_choice(preset, config_path)
+    venv = _venv(venv_path, profile_name)
+    if only_verify:
+        result = cache.verify(venv, preset, config_path)
+        if as_json:
+            _print_json({**_as_dict(result), "ok": result.ok})
+        else:
+            click.echo(render_verification(result))
+        sys.exit(0 if result.ok else 1)
+    result = cache.warm(venv, preset, config_path, quiet=as_json)
+    if as_json:
+        _print_json(_as_dict(result))
+    else:
+        click.echo(f"warm: {result.cache_dir} ({len(result.buckets)} buckets {result.buckets}, {result.files} files, "
+                   f"{result.bytes / 1e6:.1f} MB, {result.seconds:.1f}s)")
+        click.echo("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(result.counters.items())))
+        click.echo(f"fingerprint: {result.fingerprint[:16]}")
+
+
+def render_verification(result) -> str:
+    if not result.fingerprinted:
+        why = "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in result.key_differs.items())
+        return (f"cold: no fingerprinted cache for env key {result.env_key}"
+                + (f" (this venv's last cache differs in {why})" if why else "") + "; run `envkit warm-cache`")
+    lines = [f"changed: {p}" for p in result.changed] + [f"removed: {p}" for p in result.removed]
+    lines += [f"added (growth): {p}" for p in result.added]
+    verdict = "ok" if result.ok else "FAILED: the cache changed since it was fingerprinted; remove it and warm again"
+    return "\n".join(lines + [f"{result.cache_dir}: {verdict}"])
+
+
+@main.group("cache")
+def cache_group():
+    """Move, list and prune compile caches."""
+
+
+@cache_group.command("export")
+@click.argument("file", type=click.Path(dir_okay=False))
+@venv_option
+@profile_option
+@preset_option
+@config_option
+@click.option("--json", "as_json", is_flag=True)
+def cache_export_command(file, venv_path, profile_name, preset, config_path, as_json):
+    """Write the warm cache as one portable file (torch's Mega-Cache plus the env key)."""
+    from envkit import cache
+
+    _check_preset_choice(preset, config_path)
+    result = cache.export(_venv(venv_path, profile_name), Path(file), preset, config_path, quiet=as_json)
+    _print_json(result) if as_json else click.echo(f"exported {result['file']} ({result['bytes'] / 1e6:.1f} MB, "
+                                                   f"env key {result['env_key']})")
+
+
+@cache_group.command("import")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@venv_option
+@profile_option
+@click.option("--json", "as_json", is_flag=True)
+def cache_import_command(file, venv_path, profile_name, as_json):
+    """Load an exported cache into this machine's cache root; refuses another env key."""
+    from envkit import cache
+
+    result = cache.import_(_venv(venv_path, profile_name), Path(file))
+    _print_json(result) if as_json else click.echo(f"imported into {result['cache_dir']} ({result['files']} files, "
+                                                   f"{result['seconds']:.1f}s)")
+
+
+@cache_group.command("ls")
+@click.option("--json", "as_json", is_flag=True)
+def cache_ls_command(as_json):
+    """List compile caches with their preset, venv and size."""
+    from envkit import cache
+
+    rows = cache.list_caches()
+    if as_json:
+        return _print_json(rows)
+    for row in rows:
+        state = "corrupted" if row["corrupted"] else ("fingerprinted" if row["fingerprinted"] else "not fingerprinted")
+        click.echo(f"{row['env_key']}  {row['bytes'] / 1e6:8.1f} MB  {row['preset'] or '-':9} {state:17} {row['venv'] or '-'}")
+    if not rows:
+        click.echo("no compile caches")
+
+
+@cache_group.command("prune")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("--json", "as_json", is_flag=True)
+def cache_prune_command(dry_run, as_json):
+    """Remove caches of env keys no venv uses any more."""
+    from envkit import cache
+
+    removed = cache.prune(dry_run=dry_run)
+    if as_json:
+        return _print_json(removed)
+    for row in removed:
+        click.echo(f"{'would remove' if dry_run else 'removed'} {row['path']}: {row['reason']}")
+    click.echo(f"{len(removed)} caches {'to prune' if dry_run else 'pruned'}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -71,3 +71,15 @@ def write_json_atomic(path: Path, data: dict) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv:
+    """--venv PATH, else the profile's managed venv; it must exist and be a venv."""
+    from envkit import paths
+
+    path = Path(venv_path) if venv_path else paths.default_venv(profile_name or "cpu")
+    venv = Venv(path.expanduser().absolute())
+    if not venv.path.exists():
+        raise VenvError(f"{venv.path} does not exist; create it with `envkit create --profile {profile_name or 'cpu'}`"
+                        + (f" --venv {venv_path}" if venv_path else ""))
+    return venv.require()

@@ -24,6 +24,7 @@ def small_config(**overrides) -> TrainConfig:
     cfg = tiny()
     cfg.data.num_sequences, cfg.data.eval_sequences = 32, 4
     cfg.steps, cfg.log_every, cfg.eval_every, cfg.ckpt_every = 6, 2, 0, 3
+    cfg.compile = False  # compiling is warm-cache's business (tests/test_cache.py)
     for name, value in overrides.items():
         setattr(cfg, name, value)
     return cfg
@@ -162,6 +163,7 @@ def test_qwen3_8b_shapes_on_meta():
 
 
 def run_trainer(*args, cwd=None) -> subprocess.CompletedProcess:
+    args = (*args, "--no-compile") if args[0] == "train" else args
     return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, cwd=cwd or PROJECT,
                           timeout=300)
 

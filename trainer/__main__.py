@@ -92,19 +92,59 @@ def cmd_warmup(args) -> int:
                           "seconds": round(time.perf_counter() - started, 2)}), flush=True)
 
     buckets = trainer.warmup(progress)
+    if args.export:
+        import torch
+
+        blob = torch.compiler.save_cache_artifacts()
+        if blob is None:
+            raise ValueError("torch recorded no cache artifacts to export")
+        Path(args.export).write_bytes(blob[0])
     print(json.dumps({"buckets": buckets, "counters": inductor_cache_counters(),
                       "seconds": round(time.perf_counter() - started, 2)}), flush=True)
+    return 0
+
+
+def cmd_describe(args) -> int:
+    """What decides compile-cache reuse here: versions, device, and the preset's compile-relevant config."""
+    import platform
+    from importlib import metadata
+
+    import torch
+
+    cfg = _config(args)
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        device = f"{name} (sm_{''.join(map(str, torch.cuda.get_device_capability(0)))})"
+    else:
+        device = f"cpu ({torch.backends.cpu.get_cpu_capability()})"
+    try:
+        triton = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        triton = None
+    print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton,
+                      "python": platform.python_version(), "device": device, "preset": cfg.preset,
+                      "config": cfg.compile_key()}, sort_keys=True))
+    return 0
+
+
+def cmd_load_cache(args) -> int:
+    """Load a Mega-Cache blob into the cache dirs named by TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR."""
+    import torch
+
+    started = time.perf_counter()
+    info = torch.compiler.load_cache_artifacts(Path(args.blob).read_bytes())
+    print(json.dumps({"loaded": info is not None, "seconds": round(time.perf_counter() - started, 2)}))
     return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("train", "warmup"):
+    for name in ("train", "warmup", "describe"):
         p = sub.add_parser(name)
         p.add_argument("--preset", default="tiny", help="tiny | qwen3_8b")
         p.add_argument("--config", help="a JSON TrainConfig instead of a preset")
-        p.add_argument("--out", required=True, help="run directory (metrics.jsonl, checkpoint.pt)")
+        p.add_argument("--out", required=name != "describe", help="run directory (metrics.jsonl, checkpoint.pt)")
         p.add_argument("--steps", type=int)
         p.add_argument("--batch-size", type=int)
         p.add_argument("--num-anchors", type=int)
@@ -117,12 +157,18 @@ def main(argv=None) -> int:
         p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
         p.add_argument("--skip-bad", action="store_true", help="count and skip malformed JSONL lines")
         p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+        if name == "warmup":
+            p.add_argument("--export", help="after warming, write torch's Mega-Cache blob to this file")
+    p = sub.add_parser("load-cache")
+    p.add_argument("blob")
     p = sub.add_parser("eval")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--device")
     args = parser.parse_args(argv)
     try:
-        return {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup}[args.command](args)
+        commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
+                    "load-cache": cmd_load_cache}
+        return commands[args.command](args)
     except (TrainerInputError, ValueError, FileNotFoundError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

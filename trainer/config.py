@@ -90,6 +90,13 @@ class TrainConfig:
             raise ValueError(f"the smallest bucket ({self.data.buckets[0]}) cannot hold one block of "
                              f"{self.drafter.block_size}")
 
+    def compile_key(self) -> dict:
+        """The fields that decide which graphs get compiled: part of the compile cache's env key."""
+        return {"target": dataclasses.asdict(self.target), "drafter": dataclasses.asdict(self.drafter),
+                "buckets": self.data.buckets, "batch_size": self.batch_size, "num_anchors": self.num_anchors,
+                "dtype": self.dtype, "attention": self.attention, "compile": self.compile,
+                "lm_head_chunk": self.lm_head_chunk}
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -107,6 +114,7 @@ def tiny() -> TrainConfig:
         drafter=DrafterConfig(num_layers=1, block_size=8, gamma=4.0),
         data=DataConfig(buckets=[64, 128], num_sequences=512),
         batch_size=8, num_anchors=16, steps=2000, lr=5e-3, log_every=50, eval_every=500, ckpt_every=500,
+        compile=True,  # inductor's C++ path on CPU: two buckets, ~35 s cold, ~5 s from a warm cache
     )
 
 

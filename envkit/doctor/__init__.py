@@ -6,13 +6,13 @@ import os
 import shutil
 from pathlib import Path
 
-from envkit import paths, profile as profiles
+from envkit import profile as profiles
 from envkit.doctor import cachechecks, environment, files, packages, torchchecks
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Report, Status
 from envkit.errors import ProfileError, VenvError
 from envkit.uvtool import run_uv
-from envkit.venv import Venv
+from envkit.venv import Venv, resolve_venv
 
 __all__ = ["Finding", "Report", "Status", "diagnose", "fix", "load_context"]
 
@@ -30,15 +30,6 @@ CHECKS = (
     (cachechecks.check_fingerprint, False),
     (torchchecks.check_hazards, False),
 )
-
-
-def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv:
-    path = Path(venv_path) if venv_path else paths.default_venv(profile_name or "cpu")
-    venv = Venv(path.expanduser().absolute())
-    if not venv.path.exists():
-        raise VenvError(f"{venv.path} does not exist; create it with `envkit create --profile {profile_name or 'cpu'}`"
-                        + (f" --venv {venv_path}" if venv_path else ""))
-    return venv.require()
 
 
 def _lock_for(venv: Venv, profile_name: str | None, lock_path: str | None) -> profiles.Profile | None:
