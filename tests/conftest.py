@@ -32,6 +32,7 @@ def isolated_home(tmp_path, monkeypatch):
     """Every test gets its own ENVKIT_HOME and runs dir; uv's package cache stays shared (it is a cache)."""
     monkeypatch.setenv("ENVKIT_HOME", str(tmp_path / "envkit-home"))
     monkeypatch.setenv("ENVKIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("ENVKIT_CACHE_DIR", str(tmp_path / "envkit-cache"))
     for name in ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "ENVKIT_FIND_LINKS"):
         monkeypatch.delenv(name, raising=False)
 
@@ -65,6 +66,16 @@ def test_lock(tmp_path, wheelhouse) -> Path:
     path = write_profile(tmp_path / "ekt.toml", ["ekt-alpha==1.0", "ekt-beta==1.0"])
     run_envkit("lock", "--lock", str(path), "--no-index", "--find-links", str(wheelhouse), check=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def warm_cache_root(tmp_path_factory, cpu_venv) -> Path:
+    """One compile cache root warmed once per session for the tiny preset (the cold warm is the slow part)."""
+    root = tmp_path_factory.mktemp("cache-root")
+    env = dict(os.environ, ENVKIT_CACHE_DIR=str(root))
+    first = json.loads(run_envkit("warm-cache", "--venv", str(cpu_venv), "--json", env=env, check=True).stdout)
+    (root / "first-warm.json").write_text(json.dumps(first))
+    return root
 
 
 @pytest.fixture(scope="session")

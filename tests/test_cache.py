@@ -1,0 +1,126 @@
+"""warm-cache on CPU: the tiny preset through SDPA compiles with inductor's C++ path."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_envkit
+
+pytestmark = pytest.mark.slow
+
+
+def cache_env(root: Path) -> dict:
+    return dict(os.environ, ENVKIT_CACHE_DIR=str(root))
+
+
+def warm_json(venv: Path, root: Path) -> dict:
+    return json.loads(run_envkit("warm-cache", "--venv", str(venv), "--json", env=cache_env(root), check=True).stdout)
+
+
+def copy_root(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def test_first_warm_misses_second_hits_with_same_fingerprint(cpu_venv, warm_cache_root):
+    first = json.loads((warm_cache_root / "first-warm.json").read_text())
+    assert first["counters"]["fxgraph_cache_miss"] > 0
+    assert first["buckets"] == [64, 128]
+    second = warm_json(cpu_venv, warm_cache_root)
+    assert second["counters"]["fxgraph_cache_miss"] == 0 and second["counters"]["fxgraph_cache_hit"] > 0
+    assert second["fingerprint"] == first["fingerprint"] and second["env_key"] == first["env_key"]
+    cache_dir = Path(second["cache_dir"])
+    assert cache_dir == warm_cache_root / "compile" / second["env_key"]
+    for path in (cache_dir, cache_dir / "inductor", warm_cache_root / "compile"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    fingerprint = json.loads((cache_dir / "fingerprint.json").read_text())
+    assert fingerprint["key_parts"]["torch"] == "2.13.0+cpu" and fingerprint["key_parts"]["device"].startswith("cpu")
+    assert all(len(entry) == 3 for entry in fingerprint["files"])
+
+
+def test_tampering_is_named_by_verify_and_doctor(cpu_venv, warm_cache_root, tmp_path):
+    root = copy_root(warm_cache_root, tmp_path / "root")
+    env = cache_env(root)
+    assert run_envkit("warm-cache", "--venv", str(cpu_venv), "--verify", env=env).returncode == 0
+    cache_dir = next((root / "compile").glob("*/fingerprint.json")).parent
+    victim = sorted((cache_dir / "inductor").rglob("*.py"))[0]
+    victim.write_text(victim.read_text() + "\nimport os  # injected\n")
+    (cache_dir / "inductor" / "new-entry.bin").write_bytes(b"growth")
+    relative = str(victim.relative_to(cache_dir))
+    proc = run_envkit("warm-cache", "--venv", str(cpu_venv), "--verify", "--json", env=env)
+    result = json.loads(proc.stdout)
+    assert proc.returncode == 1 and result["changed"] == [relative] and result["removed"] == []
+    assert result["added"] == ["inductor/new-entry.bin"]
+    doctor = json.loads(run_envkit("doctor", "--venv", str(cpu_venv), "--json", env=env).stdout)
+    finding = next(f for f in doctor["findings"] if f["id"] == "cache.fingerprint")
+    assert finding["status"] == "fail" and relative in finding["message"]
+    refused = run_envkit("warm-cache", "--venv", str(cpu_venv), env=env)
+    assert refused.returncode == 1 and "cannot be trusted" in refused.stderr
+
+
+def test_concurrent_warmers_serialise(cpu_venv, warm_cache_root, tmp_path):
+    root = copy_root(warm_cache_root, tmp_path / "root")
+    procs = [subprocess.Popen([sys.executable, "-m", "envkit", "warm-cache", "--venv", str(cpu_venv), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cache_env(root))
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert run_envkit("warm-cache", "--venv", str(cpu_venv), "--verify", env=cache_env(root)).returncode == 0
+
+
+def test_export_then_import_into_an_empty_root_hits(cpu_venv, warm_cache_root, tmp_path):
+    source = copy_root(warm_cache_root, tmp_path / "source")
+    bundle = tmp_path / "tiny.envkit-cache"
+    run_envkit("cache", "export", str(bundle), "--venv", str(cpu_venv), env=cache_env(source), check=True)
+    empty = tmp_path / "empty"
+    imported = json.loads(run_envkit("cache", "import", str(bundle), "--venv", str(cpu_venv), "--json",
+                                     env=cache_env(empty), check=True).stdout)
+    assert imported["files"] > 0
+    after = warm_json(cpu_venv, empty)
+    assert after["counters"]["fxgraph_cache_miss"] == 0 and after["counters"]["fxgraph_cache_hit"] > 0
+    listed = json.loads(run_envkit("cache", "ls", "--json", env=cache_env(empty), check=True).stdout)
+    assert [row["env_key"] for row in listed] == [after["env_key"]]
+
+
+def test_import_refuses_another_env_key(cpu_venv, tmp_path):
+    import zipfile
+
+    bundle = tmp_path / "foreign.envkit-cache"
+    with zipfile.ZipFile(bundle, "w") as archive:
+        archive.writestr("envkit-cache.json", json.dumps({"env_key": "0" * 16, "buckets": [64],
+                                                          "key_parts": {"torch": "2.11.0+cu130", "preset": "tiny"}}))
+        archive.writestr("mega-cache.bin", b"")
+    proc = run_envkit("cache", "import", str(bundle), "--venv", str(cpu_venv))
+    assert proc.returncode == 1 and "torch: exported '2.11.0+cu130', here '2.13.0+cpu'" in proc.stderr
+
+
+def test_refuses_a_cache_dir_others_can_write(cpu_venv, tmp_path):
+    root = tmp_path / "root"
+    (root / "compile").mkdir(parents=True)
+    (root / "compile").chmod(0o777)
+    proc = run_envkit("warm-cache", "--venv", str(cpu_venv), env=cache_env(root))
+    assert proc.returncode == 1 and "chmod -R go-rwx" in proc.stderr
+
+
+def test_corrupted_fingerprint(cpu_venv, warm_cache_root, tmp_path):
+    root = copy_root(warm_cache_root, tmp_path / "root")
+    fingerprint = next((root / "compile").glob("*/fingerprint.json"))
+    fingerprint.write_text("{ truncated")
+    proc = run_envkit("warm-cache", "--venv", str(cpu_venv), "--verify", env=cache_env(root))
+    assert proc.returncode == 1 and "corrupted" in proc.stderr and "remove" in proc.stderr
+
+
+def test_venv_without_torch(tmp_path, test_lock, wheelhouse):
+    venv = tmp_path / "notorch"
+    run_envkit("create", "--lock", str(test_lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse),
+               check=True)
+    proc = run_envkit("warm-cache", "--venv", str(venv))
+    assert proc.returncode == 1 and "has no torch" in proc.stderr
