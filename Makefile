@@ -9,9 +9,9 @@ TEST_TRAIN_PINS := torch==2.13.0 transformers==5.6.0 numpy
 install:
 	$(PIP) install -q -e .
 
+# The main job end to end on the embedded `tiny` CPU default: create, doctor, warm-cache, train, summary.
 demo: install
-	$(PYTHON) -m envkit create --profile cpu
-	$(PYTHON) -m envkit doctor --profile cpu
+	$(PYTHON) -m envkit train --preset tiny
 
 
 test:
@@ -23,3 +23,6 @@ test-fast:
 
 bench:
 	$(PYTHON) bench/create.py
+	$(PYTHON) bench/doctor.py
+	$(PYTHON) bench/train_tiny.py
+	$(PYTHON) bench/compile_cache.py

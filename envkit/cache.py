@@ -78,10 +78,15 @@ def _trainer_failure(venv: Venv, args: list[str], stderr: str) -> CacheError:
     return CacheError(f"`python -m trainer {args[0]}` failed in {venv.path}:\n  {tail}")
 
 
-def key_parts(venv: Venv, preset: str | None, config: str | None) -> dict:
-    """What decides whether compiled artifacts can be reused, read by the venv's own interpreter."""
-    described = json.loads(_run_trainer(venv, ["describe", *_trainer_args(preset, config)],
-                                        trainer_env(venv, None), timeout=300).stdout)
+def describe(venv: Venv, preset: str | None, config: str | None) -> dict:
+    """The trainer's own account of versions, device and config, from the venv's interpreter."""
+    return json.loads(_run_trainer(venv, ["describe", *_trainer_args(preset, config)], trainer_env(venv, None),
+                                   timeout=300).stdout)
+
+
+def key_parts(venv: Venv, preset: str | None, config: str | None, described: dict | None = None) -> dict:
+    """What decides whether compiled artifacts can be reused."""
+    described = described or describe(venv, preset, config)
     config_digest = hashlib.sha256(json.dumps(described["config"], sort_keys=True).encode()).hexdigest()[:16]
     return {"torch": described["torch"], "cuda": described["cuda"], "triton": described["triton"],
             "python": described["python"], "device": described["device"], "trainer": trainer_digest(),
@@ -244,9 +249,9 @@ def _check_trusted(cache_dir: Path) -> None:
 
 
 def warm(venv: Venv, preset: str | None = None, config: str | None = None, *, quiet: bool = False,
-         export: Path | None = None) -> WarmResult:
+         export: Path | None = None, described: dict | None = None) -> WarmResult:
     started = time.perf_counter()
-    parts = key_parts(venv, preset, config)
+    parts = key_parts(venv, preset, config, described)
     key = env_key(parts)
     cache_dir = compile_root() / key
     ensure_private_dir(cache_dir)
@@ -261,8 +266,9 @@ def warm(venv: Venv, preset: str | None = None, config: str | None = None, *, qu
                       len(fingerprint["files"]), size, round(time.perf_counter() - started, 2))
 
 
-def verify(venv: Venv, preset: str | None = None, config: str | None = None) -> Verification:
-    parts = key_parts(venv, preset, config)
+def verify(venv: Venv, preset: str | None = None, config: str | None = None,
+           described: dict | None = None) -> Verification:
+    parts = key_parts(venv, preset, config, described)
     key = env_key(parts)
     cache_dir = compile_root() / key
     fingerprint = read_fingerprint(cache_dir)

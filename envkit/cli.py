@@ -312,5 +312,80 @@ def cache_prune_command(dry_run, as_json):
     click.echo(f"{len(removed)} caches {'to prune' if dry_run else 'pruned'}")
 
 
+@main.command("train", context_settings={"ignore_unknown_options": True})
+@venv_option
+@profile_option
+@preset_option
+@config_option
+@click.option("--name", metavar="NAME", help="Run name (default: UTC time and preset).")
+@click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Where run directories go (default: ./runs or $ENVKIT_RUNS_DIR).")
+@click.option("--detach", is_flag=True, help="Run in a tmux session (or a new session without tmux) and return.")
+@click.option("--no-warm", is_flag=True, help="Refuse to start on a cold cache instead of warming it.")
+@click.option("--allow-warn", is_flag=True, help="Start despite doctor warnings that train does not handle itself.")
+@click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
+def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, detach, no_warm, allow_warn,
+                  trainer_args):
+    """Preflight, then run the bundled DFlash trainer with a run directory and log.
+
+    \b
+    1. create the profile's venv if it does not exist
+    2. doctor: any fail stops the run (warnings too, unless train handles them or --allow-warn)
+    3. verify the compile cache; warm it when cold (unless --no-warm)
+    4. run `python -m trainer train` in runs/<name>/ with run.json, train.log, metrics.jsonl
+    Arguments after `--` go to the trainer, e.g. `envkit train --preset tiny -- --steps 100`.
+    """
+    from envkit.launch import TrainRequest, describe_summary, start
+
+    _check_profile_choice(profile_name, None)
+    _check_preset_choice(preset, config_path)
+    request = TrainRequest(venv_path, profile_name, preset, config_path, name, runs_dir, detach, no_warm, allow_warn,
+                           tuple(trainer_args))
+    record = start(request)
+    if not detach:
+        click.echo(describe_summary(record, Path(record["run_dir"])))
+        sys.exit(0 if record["status"] == "finished" else (130 if record["status"] == "interrupted" else 1))
+    click.echo(f"detached: {record['run_dir']}")
+
+
+@main.command("supervise", hidden=True)
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+def supervise_command(run_dir):
+    """Internal: run a prepared run directory (what --detach starts)."""
+    from envkit.launch import supervise
+
+    supervise(Path(run_dir), echo=True)
+
+
+@main.command("runs")
+@click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR")
+@click.option("--json", "as_json", is_flag=True)
+def runs_command(runs_dir, as_json):
+    """List runs with status, last step, loss, tokens/s, acceptance length and cache hits."""
+    from envkit.runs import list_runs
+
+    rows = list_runs(Path(runs_dir) if runs_dir else None)
+    if as_json:
+        return _print_json(rows)
+    def fmt(value, spec):
+        return format(value, spec) if value is not None else "-"
+    click.echo(f"{'name':32} {'status':12} {'step':>6} {'loss':>8} {'Ktok/s':>7} {'tau':>5} {'hits':>5}")
+    for row in rows:
+        ktoks = row["tokens_per_s"] / 1000 if row["tokens_per_s"] is not None else None
+        click.echo(f"{row['name']:32} {row['status']:12} {fmt(row['step'], '>6')} {fmt(row['loss'], '>8.4f')} "
+                   f"{fmt(ktoks, '>7.1f')} {fmt(row['acceptance_length'], '>5.2f')} {fmt(row['cache_hits'], '>5')}")
+
+
+@main.command("logs")
+@click.argument("name")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the run ends.")
+@click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR")
+def logs_command(name, follow, runs_dir):
+    """Print a run's train.log."""
+    from envkit.runs import find_run, follow_log
+
+    follow_log(find_run(name, Path(runs_dir) if runs_dir else None), follow=follow)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -123,7 +123,7 @@ def cmd_describe(args) -> int:
         triton = None
     print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton,
                       "python": platform.python_version(), "device": device, "preset": cfg.preset,
-                      "config": cfg.compile_key()}, sort_keys=True))
+                      "config": cfg.compile_key(), "full_config": cfg.to_dict()}, sort_keys=True))
     return 0
 
 

@@ -139,8 +139,9 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
     lengths = torch.randint(max(block_size + cfg.prompt_len + 1, cfg.buckets[0] // 2), max_len + 1, (count,),
                             generator=generator)
     sequences = []
-    for start in range(0, count, 64):
-        n = min(64, count - start)
+    chunk = 256  # sequences decoded together: fewer, larger forward calls
+    for start in range(0, count, chunk):
+        n = min(chunk, count - start)
         tokens = torch.randint(vocab, (n, cfg.prompt_len), generator=generator)
         tokens[tokens == mask_token_id] = 0
         cache = DynamicCache()

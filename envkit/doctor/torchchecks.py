@@ -115,13 +115,13 @@ def _version_below(bound: str) -> Callable[[Context], bool]:
 HAZARDS = (
     Hazard("H1", "FX tracing flag is process-global: a trace in one thread makes compiled calls in others raise "
            "or run eager", _source_has("fx/_symbolic_trace.py", r"^_is_fx_tracing_flag\s*="),
-           "thread-aware tracing check installed before compiling", "threadsafe.py"),
+           "every compile happens in the one training thread, before training (warm-up)", "loop.py"),
     Hazard("H2", "FX patches nn.Module.__call__ process-wide during a symbolic trace: other threads' module calls "
            "are routed into the foreign tracer", _source_has("fx/_symbolic_trace.py", r'patch_method\(\s*torch\.nn\.Module,\s*"__call__"'),
-           "compile gate: no trace overlaps another thread's forward pass", "threadsafe.py"),
+           "no other thread runs modules while the training thread traces (single-threaded loop)", "loop.py"),
     Hazard("H3", "dynamo config is thread-local: settings made in the main thread do not apply in workers",
            _source_has("utils/_config_module.py", r"user_override\s*=\s*ContextVar\("),
-           "dynamo settings re-applied at the start of every worker thread", "threadsafe.py"),
+           "dynamo settings are made in the thread that compiles and runs (single-threaded loop)", "loop.py"),
     Hazard("H4", "every new input shape recompiles inside the training step (seconds of stall, triggers H1/H2)",
            _source_has("_dynamo/config.py", r"^recompile_limit\s*="),
            "sequences padded to fixed length buckets, each compiled once before training", "buckets.py"),
@@ -135,23 +135,28 @@ HAZARDS = (
            "CPU trains through SDPA with a dense mask from the same rule", "masks.py"),
     Hazard("H8", "eager flex_attention materialises the full score matrix (a silent fallback costs ~4x and memory)",
            _source_has("nn/attention/flex_attention.py", r"materializes the full scores matrix"),
-           "compile-health monitor counts eager fallbacks and recompiles per thread", "threadsafe.py"),
+           "compile-health monitor counts eager fallbacks and recompiles in every metrics row", "monitor.py"),
 )
+
+
+def mitigated(hazard_id: str) -> bool:
+    """Whether the bundled trainer ships the mitigation of a hazard."""
+    hazard = next((h for h in HAZARDS if h.id == hazard_id), None)
+    return bool(hazard) and (paths.trainer_root() / "trainer" / hazard.mitigated_by).resolve().exists()
 
 
 def check_hazards(ctx: Context) -> list[Finding]:
     if ctx.torch_build is None:
         return [Finding("torch.hazard", Status.OK, "torch", "torch is not installed; no torch hazards")]
     findings = []
-    trainer = paths.trainer_root() / "trainer"
     for hazard in HAZARDS:
         if not hazard.applies(ctx):
             continue
-        mitigated = (trainer / hazard.mitigated_by).resolve().exists()
-        state = f"mitigated by the bundled trainer: {hazard.mitigation}" if mitigated else \
-            "NOT mitigated by this envkit's trainer yet"
+        handled = mitigated(hazard.id)
+        state = f"mitigated by the bundled trainer: {hazard.mitigation}" if handled else \
+            "NOT mitigated by this envkit's trainer"
         findings.append(Finding("torch.hazard", Status.WARN, hazard.id,
                                 f"applies to torch {ctx.torch_build['version']}: {hazard.title}; {state}",
-                                "train through `envkit train`, which applies the mitigations" if mitigated else
+                                "train through `envkit train`, which applies the mitigations" if handled else
                                 "avoid threads that compile concurrently; see HAZARDS.md"))
     return findings or [Finding("torch.hazard", Status.OK, "torch", "no known hazard applies to this torch")]

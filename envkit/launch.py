@@ -1,0 +1,263 @@
+"""`envkit train`: preflight (create, doctor, cache), then the bundled trainer in a run directory.
+
+A run is supervised by one function whether it runs in the foreground or detached (tmux, or a new
+session when tmux is absent): it tees the trainer's output into train.log, forwards Ctrl-C and
+SIGTERM to the trainer (which checkpoints), and records the end in run.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from envkit import __version__, cache, doctor, paths, profile as profiles
+from envkit.doctor.findings import Report, Status
+from envkit.doctor.torchchecks import mitigated
+from envkit.errors import RunError
+from envkit.installed import installed_distributions
+from envkit.progress import Phases
+from envkit.uvtool import uv_version
+from envkit.venv import Venv, write_json_atomic
+
+RUN_JSON = "run.json"
+LOG = "train.log"
+# Warnings that `envkit train` itself resolves: it warms the cache and the trainer mitigates hazards.
+HANDLED_WARNINGS = {"cache.fingerprint"}
+EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "interrupted", -15: "interrupted"}
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    venv_path: str | None
+    profile_name: str | None
+    preset: str | None
+    config: str | None
+    name: str | None
+    runs_dir: str | None
+    detach: bool
+    no_warm: bool
+    allow_warn: bool
+    trainer_args: tuple[str, ...]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(paths.PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _versions(venv: Venv) -> dict:
+    installed = {d.name: d.version for d in installed_distributions(venv.site_packages())}
+    return {"envkit": __version__, "python": venv.pyvenv_cfg().get("version_info"), "uv": uv_version(),
+            **{name: installed.get(name) for name in ("torch", "transformers", "triton")}}
+
+
+def _blocking(report: Report, allow_warn: bool) -> list:
+    """Findings that stop a run: every fail, and warnings train does not handle unless --allow-warn."""
+    def handled(finding) -> bool:
+        return finding.id in HANDLED_WARNINGS or (finding.id == "torch.hazard" and mitigated(finding.subject))
+
+    return [f for f in report.findings if f.status == Status.FAIL
+            or (f.status == Status.WARN and not allow_warn and not handled(f))]
+
+
+def _preflight_venv(request: TrainRequest, phases: Phases) -> Venv:
+    from envkit.create import create
+
+    profile_name = request.profile_name or "cpu"
+    path = Path(request.venv_path) if request.venv_path else paths.default_venv(profile_name)
+    venv = Venv(path.expanduser().absolute())
+    if not venv.path.exists():
+        with phases.phase("create", f"{venv.path} from profile {profile_name}"):
+            create(profile_name, None, venv.path)
+    else:
+        with phases.phase("create", f"{venv.path} exists"):
+            venv.require()
+    return venv
+
+
+def _preflight_doctor(venv: Venv, request: TrainRequest, phases: Phases):
+    from envkit.doctor.render import as_table
+
+    with phases.phase("doctor"):
+        ctx = doctor.load_context(venv.path, request.profile_name if request.profile_name else None)
+        report = doctor.diagnose(ctx)
+    blocking = _blocking(report, request.allow_warn)
+    if blocking:
+        shown = Report(report.venv, report.profile, tuple(blocking), report.skipped)
+        raise RunError("doctor found problems; nothing was started:\n" + as_table(shown, colour=False, show_ok=False)
+                       + ("\n(warnings only? --allow-warn starts anyway)" if all(f.status == Status.WARN
+                                                                                  for f in blocking) else ""))
+    return ctx.profile
+
+
+def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, described: dict) -> tuple[Path, str]:
+    with phases.phase("cache", "verify"):
+        result = cache.verify(venv, request.preset, request.config, described)
+    if result.removed or result.changed:
+        raise RunError(f"the compile cache {result.cache_dir} changed since it was fingerprinted "
+                       f"({', '.join((result.changed + result.removed)[:3])}); remove it and run `envkit warm-cache`")
+    if not result.fingerprinted:
+        if request.no_warm:
+            raise RunError(f"the compile cache for this venv and preset is cold (env key {result.env_key}); run "
+                           f"`envkit warm-cache --venv {venv.path} {_preset_flag(request)}` first, or drop --no-warm")
+        with phases.phase("warm-cache", f"cold env key {result.env_key}"):
+            cache.warm(venv, request.preset, request.config, described=described, quiet=not sys.stderr.isatty())
+    fingerprint = cache.read_fingerprint(Path(result.cache_dir))
+    return Path(result.cache_dir), fingerprint["digest"]
+
+
+def _preset_flag(request: TrainRequest) -> str:
+    return f"--config {request.config}" if request.config else f"--preset {request.preset or 'tiny'}"
+
+
+def _run_dir(request: TrainRequest, preset: str) -> Path:
+    name = request.name or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{preset}"
+    if "/" in name or name.startswith("."):
+        raise RunError(f"run name {name!r} must be a plain name (no '/', no leading '.')")
+    root = Path(request.runs_dir) if request.runs_dir else paths.runs_dir()
+    run_dir = root / name
+    if run_dir.exists():
+        raise RunError(f"run dir {run_dir} already exists; choose another --name")
+    return run_dir
+
+
+def start(request: TrainRequest, *, quiet: bool = False) -> dict:
+    """Preflight, write run.json, and run (or detach) the trainer. Returns the final run.json."""
+    phases = Phases(total=5, quiet=quiet)
+    venv = _preflight_venv(request, phases)
+    profile = _preflight_doctor(venv, request, phases)
+    described = cache.describe(venv, request.preset, request.config)
+    cache_dir, fingerprint = _preflight_cache(venv, request, phases, described)
+    run_dir = _run_dir(request, described["preset"])
+    run_dir.mkdir(parents=True)
+    command = [str(venv.python), "-m", "trainer", "train",
+               *(["--config", str(Path(request.config).resolve())] if request.config else
+                 ["--preset", request.preset or "tiny"]),
+               "--out", str(run_dir), *request.trainer_args]
+    record = {
+        "name": run_dir.name, "status": "starting", "config": described["full_config"],
+        "profile": profile.name if profile else None, "lock_digest": profile.lock_digest if profile else None,
+        "venv": str(venv.path), "env_key": cache_dir.name, "cache_dir": str(cache_dir),
+        "cache_fingerprint": fingerprint, "versions": _versions(venv), "git_commit": _git_commit(),
+        "command": command, "envkit_command": sys.argv, "host": socket.gethostname(), "started_at": _now(),
+        "ended_at": None, "exit_code": None, "detached": request.detach, "preflight_s": phases.timings,
+    }
+    write_json_atomic(run_dir / RUN_JSON, record)
+    if request.detach:
+        return _detach(run_dir, record, phases)
+    phases.say(f"[5/5] train: {run_dir} (log: {run_dir / LOG})")
+    return supervise(run_dir, echo=not quiet) | {"run_dir": str(run_dir)}
+
+
+def _detach(run_dir: Path, record: dict, phases: Phases) -> dict:
+    supervisor = [sys.executable, "-m", "envkit", "supervise", str(run_dir)]
+    session = f"envkit-{run_dir.name}"
+    env = dict(os.environ)
+    if shutil.which("tmux"):
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, shlex.join(supervisor)], check=True, env=env)
+        follow = [f"tmux attach -t {session}", f"envkit logs {run_dir.name} -f"]
+        stop = f"tmux send-keys -t {session} C-c"
+        record["tmux_session"] = session
+    else:
+        with open(os.devnull, "rb") as stdin, open(os.devnull, "wb") as devnull:
+            proc = subprocess.Popen(supervisor, stdin=stdin, stdout=devnull, stderr=devnull, start_new_session=True,
+                                    env=env)
+        follow = [f"envkit logs {run_dir.name} -f"]
+        stop = f"kill -TERM {proc.pid}"
+        record["supervisor_pid"] = proc.pid
+    record["follow"], record["stop"] = follow, stop
+    _update(run_dir, follow=follow, stop=stop, **({"tmux_session": session} if "tmux_session" in record else
+                                                   {"supervisor_pid": record.get("supervisor_pid")}))
+    phases.say(f"[5/5] train: detached as {session if 'tmux_session' in record else 'a new session'}; "
+               f"follow: {' or '.join(follow)}; stop: {stop}")
+    return read_run(run_dir) | {"run_dir": str(run_dir)}
+
+
+def _update(run_dir: Path, **fields) -> dict:
+    record = read_run(run_dir)
+    record.update(fields)
+    write_json_atomic(run_dir / RUN_JSON, record)
+    return record
+
+
+def read_run(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / RUN_JSON).read_text())
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{run_dir / RUN_JSON} is unreadable ({exc})") from None
+
+
+def _summary_from_log(log: Path) -> dict | None:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith('{"summary"'):
+            return json.loads(line)
+    return None
+
+
+def supervise(run_dir: Path, *, echo: bool) -> dict:
+    """Run the recorded command, tee its output to train.log, forward signals, record the end."""
+    record = read_run(run_dir)
+    venv = Venv(Path(record["venv"]))
+    env = cache.trainer_env(venv, Path(record["cache_dir"]))
+    with (run_dir / LOG).open("ab") as log:
+        proc = subprocess.Popen(record["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # signals reach it only through us, once
+        _update(run_dir, status="running", pid=proc.pid, supervisor_pid=os.getpid())
+
+        def forward(signum, frame):
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            for chunk in iter(lambda: proc.stdout.read1(65536), b""):
+                log.write(chunk)
+                log.flush()
+                if echo:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+            code = proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    status = EXIT_STATUS.get(code, "failed")
+    return _update(run_dir, status=status, exit_code=code, ended_at=_now(), summary=_summary_from_log(run_dir / LOG))
+
+
+def describe_summary(record: dict, run_dir: Path) -> str:
+    summary = record.get("summary")
+    lines = [f"run {record['name']}: {record['status']} (exit {record['exit_code']}); run dir {run_dir}"]
+    if summary:
+        verdict = "beats both baselines" if summary["beats_baselines"] else \
+            "does NOT beat both baselines: nothing worth reporting was learned"
+        lines += [
+            f"  loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}",
+            f"  acceptance length {summary['tau_start']:.2f} -> {summary['tau_end']:.2f} (repeat-anchor "
+            f"{summary['baseline_repeat_tau']:.2f}, copy {summary['baseline_copy_tau']:.2f}: {verdict})",
+            f"  {summary['tokens_per_s'] / 1000:.1f} Ktok/s, eager fallbacks {summary['eager_fallbacks']}, "
+            f"recompiles {summary['recompiles']}, inductor cache hits {summary['fxgraph_cache_hit']} / misses "
+            f"{summary['fxgraph_cache_miss']}",
+        ]
+    return "\n".join(lines)
