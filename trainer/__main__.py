@@ -40,12 +40,40 @@ def _raise_stop(signum, frame):
     raise Stop
 
 
-def cmd_train(args) -> int:
+def _distributed():
+    """torch.distributed under torchrun (gloo on CPU, NCCL on GPU), else None."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist
+
+
+def _make_trainer(args, cfg, log):
     from trainer.loop import Trainer
 
+    dist = _distributed()
+    if not (args.targets or args.drafters or dist):
+        return Trainer(cfg, Path(args.out), device=args.device, resume=args.resume, log=log)
+    from trainer.pipeline import ThreadedTrainer
+
+    default = [args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")]
+    if dist and default[0].startswith("cuda") and not args.device:
+        default = [f"cuda:{int(__import__('os').environ.get('LOCAL_RANK', 0))}"]
+    targets = args.targets.split(",") if args.targets else default
+    drafters = args.drafters.split(",") if args.drafters else default
+    return ThreadedTrainer(cfg, Path(args.out), targets=targets, drafters=drafters,
+                           mitigations=not args.no_mitigations, strict_compile=args.strict_compile,
+                           fail_at=args.fail_at, resume=args.resume, log=log, dist=dist)
+
+
+def cmd_train(args) -> int:
     cfg = _config(args)
-    out = Path(args.out)
-    trainer = Trainer(cfg, out, device=args.device, resume=args.resume, log=lambda m: print(m, flush=True))
+    trainer = _make_trainer(args, cfg, lambda m: print(m, flush=True))
     signal.signal(signal.SIGTERM, _raise_stop)
     try:
         summary = trainer.train()
@@ -55,6 +83,8 @@ def cmd_train(args) -> int:
         return 143 if isinstance(exc, Stop) else 130
     finally:
         trainer.close()
+    if not summary:  # a torchrun rank other than 0: rank 0 reports
+        return 0
     print(json.dumps(summary), flush=True)
     verdict = "beats both" if summary["beats_baselines"] else "does NOT beat both baselines: it has learned nothing worth reporting"
     print(f"done: loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}, tau {summary['tau_start']:.2f} -> "
@@ -157,6 +187,14 @@ def main(argv=None) -> int:
         p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
         p.add_argument("--skip-bad", action="store_true", help="count and skip malformed JSONL lines")
         p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+        if name == "train":
+            p.add_argument("--targets", help="devices of target worker threads, e.g. cuda:0,cuda:1 or cpu")
+            p.add_argument("--drafters", help="devices of drafter replica threads, e.g. cuda:2,cuda:3 or cpu,cpu")
+            p.add_argument("--strict-compile", action="store_true",
+                           help="stop at the first recompile or eager fallback after warm-up")
+            p.add_argument("--no-mitigations", action="store_true",
+                           help="threads without threadsafe.install() and the compile gate (to measure them)")
+            p.add_argument("--fail-at", help=argparse.SUPPRESS)  # KIND:INDEX:STEP, raises there (tests)
         if name == "warmup":
             p.add_argument("--export", help="after warming, write torch's Mega-Cache blob to this file")
     p = sub.add_parser("load-cache")

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import json
-import math
 import random
 import resource
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from trainer import checkpoint, data as datasets, evaluate
 from trainer.config import TrainConfig, target_layer_ids
-from trainer.loss import block_targets, sample_anchors, weighted_block_loss
+from trainer.loss import block_targets, sample_anchors
 from trainer.model import Attention, build_drafter
+from trainer.replica import Replica
 from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.target import TrainerInputError, build_target, sync_config_from_model, tapped_states
 
 CHECKPOINT = "checkpoint.pt"
+
+
+def to_device(tensors: tuple, device: torch.device) -> tuple:
+    return tuple(t.to(device, non_blocking=True) for t in tensors)
 
 
 def pick_device(requested: str | None) -> torch.device:
@@ -55,14 +58,15 @@ def _peak_memory(device: torch.device) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, out_dir: str | Path, *, device: str | None = None, resume: bool = False,
-                 log=print):
+    def __init__(self, cfg: TrainConfig, out_dir: str | Path, *, device: str | None = None,
+                 target_device: str | None = None, resume: bool = False, log=print):
         self.cfg, self.log = cfg, log
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.device = pick_device(device)
+        self.target_device = pick_device(target_device) if target_device else self.device
         self.dtype = getattr(torch, cfg.dtype) if self.device.type == "cuda" else torch.float32
-        self.target = build_target(cfg.target, device=self.device, dtype=self.dtype)
+        self.target = build_target(cfg.target, device=self.target_device, dtype=self.dtype)
         if cfg.target.path:
             sync_config_from_model(cfg.target, self.target)
         tokenizer = self._tokenizer()
@@ -71,14 +75,11 @@ class Trainer:
         if max(self.layer_ids) >= cfg.target.num_layers or min(self.layer_ids) < 0:
             raise TrainerInputError(f"target_layer_ids {self.layer_ids} outside the target's {cfg.target.num_layers} layers")
         torch.manual_seed(cfg.seed)
-        self.drafter = build_drafter(cfg.drafter, cfg.target, len(self.layer_ids)).to(self.device)
-        self.embed_weight = self.target.get_input_embeddings().weight
-        self.head_weight = self.target.get_output_embeddings().weight
-        self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                           betas=(0.9, 0.95))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.backend, self.attend = pick_attention(cfg, self.device)
-        self.loss_fn = torch.compile(self._loss, dynamic=False) if cfg.compile else self._loss
+        backend, attend = pick_attention(cfg, self.device)
+        self.backend = backend
+        drafter = build_drafter(cfg.drafter, cfg.target, len(self.layer_ids))
+        self.replica = Replica(cfg, drafter, self.device, self.target.get_input_embeddings().weight,
+                               self.target.get_output_embeddings().weight, attend, self.dtype)
         self.train_data, self.eval_data = self._datasets(tokenizer)
         self.monitor = CompileMonitor()
         self.step_count = 0
@@ -125,27 +126,16 @@ class Trainer:
                      f"to {cfg.data.buckets[-1]} tokens, skipped {train.skipped_bad} malformed lines")
         return train, eval_data
 
-    def _lr_factor(self, step: int) -> float:
-        warmup = max(1, int(self.cfg.steps * self.cfg.warmup_frac))
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, self.cfg.steps - warmup))
-        return 0.5 * (1 + math.cos(math.pi * progress))
-
-    # -- the step ---------------------------------------------------------------------------------
-    def _loss(self, tapped, block_ids, anchors, labels, weights):
-        block_embeds = F.embedding(block_ids, self.embed_weight)  # (B, Q, H) shared, frozen
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attend)  # (B, Q, H)
-            return weighted_block_loss(hidden, self.head_weight, labels, weights, self.cfg.lm_head_chunk)
-
-    def _prepare(self, batch: dict, generator: torch.Generator):
+    def _prepare(self, batch: dict, generator: torch.Generator, target_model=None):
+        """Anchors, the target's tapped states and the block tensors of a batch, on the target's device."""
         cfg = self.cfg
+        target_model = target_model or self.target
+        target_device = next(target_model.parameters()).device
         anchors = sample_anchors(batch["loss_mask"], batch["lengths"], cfg.num_anchors, cfg.drafter.block_size,
                                  generator)
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        anchors = anchors.to(self.device, non_blocking=True)
-        tapped = tapped_states(self.target, batch["input_ids"], batch["attention_mask"], self.layer_ids)
+        batch = {k: v.to(target_device, non_blocking=True) for k, v in batch.items()}
+        anchors = anchors.to(target_device, non_blocking=True)
+        tapped = tapped_states(target_model, batch["input_ids"], batch["attention_mask"], self.layer_ids)
         block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,
                                                    cfg.drafter.block_size, cfg.drafter.gamma, self.mask_token_id)
         return tapped, block_ids, anchors, labels, weights
@@ -156,19 +146,17 @@ class Trainer:
         started = time.perf_counter()
         batch = self.train_data.batch(self.step_count, cfg.batch_size, cfg.seed)
         generator = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step_count)
-        self.drafter.train()
-        loss = self.loss_fn(*self._prepare(batch, generator))
-        self.optimizer.zero_grad(set_to_none=True)
+        replica = self.replica
+        replica.drafter.train()
+        loss = replica.loss_fn(*to_device(self._prepare(batch, generator), replica.device))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+        replica.apply_gradients()
         self.step_count += 1
         loss_value = float(loss.detach())  # host sync: once per step, the loss is logged every step
         seconds = time.perf_counter() - started
         tokens = int(batch["lengths"].sum())
         row = {"step": self.step_count, "loss": round(loss_value, 5), "tokens_per_s": round(tokens / seconds, 1),
-               "lr": self.scheduler.get_last_lr()[0], "peak_mem_bytes": _peak_memory(self.device),
+               "lr": replica.scheduler.get_last_lr()[0], "peak_mem_bytes": _peak_memory(self.device),
                "bucket": int(batch["input_ids"].shape[1]), **self.monitor.since_warm()}
         if self.first_loss is None:
             self.first_loss = loss_value
@@ -181,9 +169,10 @@ class Trainer:
         generator = torch.Generator().manual_seed(0)
         for index, bucket in enumerate(self.cfg.data.buckets):
             batch = self.train_data.bucket_batch(bucket, self.cfg.batch_size)
-            loss = self.loss_fn(*self._prepare(batch, generator))
-            loss.backward()
-            self.optimizer.zero_grad(set_to_none=True)
+            inputs = self._prepare(batch, generator)
+            for replica in self.replicas:
+                replica.loss_fn(*to_device(inputs, replica.device)).backward()
+                replica.optimizer.zero_grad(set_to_none=True)
             if progress:
                 progress(index + 1, len(self.cfg.data.buckets), bucket)
         self.monitor.mark_warm()
@@ -192,18 +181,17 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict:
         cfg = self.cfg
-        self.drafter.eval()
+        replica = self.replica
+        replica.drafter.eval()
         generator = torch.Generator().manual_seed(12_345)  # the same positions at every eval
         scores = {"drafter": [], "repeat": [], "copy": []}
         for bucket, members in sorted(self.eval_data.by_bucket.items()):
             for start in range(0, len(members), cfg.batch_size):
                 seqs = [self.eval_data.sequences[i] for i in members[start:start + cfg.batch_size]]
                 batch = datasets.collate(seqs, bucket)
-                tapped, block_ids, anchors, labels, _ = self._prepare(batch, generator)
-                block_embeds = F.embedding(block_ids, self.embed_weight)
-                with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-                    hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attend)
-                    draft = (hidden @ self.head_weight.t()).argmax(-1)  # (B, Q)
+                tapped, block_ids, anchors, _labels, _weights = to_device(self._prepare(batch, generator),
+                                                                           replica.device)
+                draft = replica.draft(tapped, block_ids, anchors)  # (B, Q)
                 draft = draft.view(anchors.shape[0], anchors.shape[1], cfg.drafter.block_size)
                 for name, values in evaluate.score_blocks(draft, batch["input_ids"], batch["lengths"], anchors.cpu(),
                                                           cfg.drafter.block_size).items():
@@ -260,16 +248,18 @@ class Trainer:
                 "eager_fallbacks": last_row.get("eager_fallbacks", 0), **inductor_cache_counters()}
 
     # -- state ------------------------------------------------------------------------------------
+    @property
+    def replicas(self) -> list[Replica]:
+        return [self.replica]
+
     def state_dict(self) -> dict:
-        return {"drafter": self.drafter.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "step": self.step_count, "first_loss": self.first_loss,
+        return {**self.replica.state_dict(), "step": self.step_count, "first_loss": self.first_loss,
                 "config": self.cfg.to_dict(), "layer_ids": self.layer_ids, "mask_token_id": self.mask_token_id,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.drafter.load_state_dict(state["drafter"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        for replica in self.replicas:
+            replica.load_state_dict(state)
         self.step_count, self.first_loss = state["step"], state.get("first_loss")
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])

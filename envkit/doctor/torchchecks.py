@@ -115,13 +115,13 @@ def _version_below(bound: str) -> Callable[[Context], bool]:
 HAZARDS = (
     Hazard("H1", "FX tracing flag is process-global: a trace in one thread makes compiled calls in others raise "
            "or run eager", _source_has("fx/_symbolic_trace.py", r"^_is_fx_tracing_flag\s*="),
-           "every compile happens in the one training thread, before training (warm-up)", "loop.py"),
+           "thread-aware tracing check (trainer/threadsafe.py) installed before anything compiles", "threadsafe.py"),
     Hazard("H2", "FX patches nn.Module.__call__ process-wide during a symbolic trace: other threads' module calls "
            "are routed into the foreign tracer", _source_has("fx/_symbolic_trace.py", r'patch_method\(\s*torch\.nn\.Module,\s*"__call__"'),
-           "no other thread runs modules while the training thread traces (single-threaded loop)", "loop.py"),
+           "compile gate: no trace overlaps another thread's forward or backward pass", "threadsafe.py"),
     Hazard("H3", "dynamo config is thread-local: settings made in the main thread do not apply in workers",
            _source_has("utils/_config_module.py", r"user_override\s*=\s*ContextVar\("),
-           "dynamo settings are made in the thread that compiles and runs (single-threaded loop)", "loop.py"),
+           "dynamo settings re-applied at the start of every worker thread", "threadsafe.py"),
     Hazard("H4", "every new input shape recompiles inside the training step (seconds of stall, triggers H1/H2)",
            _source_has("_dynamo/config.py", r"^recompile_limit\s*="),
            "sequences padded to fixed length buckets, each compiled once before training", "buckets.py"),
