@@ -1,8 +1,11 @@
 """Time to the first finished training step in a fresh process: empty cache vs warm vs imported export.
 
-    python bench/compile_cache.py [--venv PATH] [--preset tiny] [--repeat 3]
+    python bench/compile_cache.py [--python PATH] [--preset tiny] [--repeat 3] [--bucket N]
 
-Also the fingerprinting rate on a synthetic cache of the qwen3_8b preset's size (32 MB, 210 files).
+The warm cache is made by the trainer's warm-up (what `envkit warm-cache` runs), which also exports
+torch's Mega-Cache blob; "imported" loads that blob into an empty dir first (`envkit cache
+import`). Also the fingerprinting rate on a synthetic cache of the qwen3_8b preset's size
+(32 MB, 210 files).
 """
 
 from __future__ import annotations
@@ -18,25 +21,44 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT))
 
-from envkit import cache, paths  # noqa: E402
-from envkit.venv import Venv  # noqa: E402
+from envkit import cache  # noqa: E402
 
 
-def first_step_seconds(venv: Venv, preset: str, cache_dir: Path) -> float:
+def cache_env(cache_dir: Path) -> dict:
+    return dict(os.environ, PYTHONPATH=str(PROJECT), TORCHINDUCTOR_CACHE_DIR=str(cache_dir / "inductor"),
+                TRITON_CACHE_DIR=str(cache_dir / "triton"), PYTHONUNBUFFERED="1")
+
+
+def trainer_args(args) -> list[str]:
+    extra = ["--preset", args.preset]
+    if args.bucket:
+        config = json.loads(subprocess.run([args.python, "-m", "trainer", "describe", "--preset", args.preset],
+                                           capture_output=True, text=True, check=True, cwd=PROJECT,
+                                           env=cache_env(Path(tempfile.gettempdir()))).stdout)["full_config"]
+        config["data"]["buckets"] = [args.bucket]
+        path = Path(tempfile.mkdtemp(prefix="envkit-bench-cfg-")) / "config.json"
+        path.write_text(json.dumps(config))
+        extra = ["--config", str(path)]
+    return extra
+
+
+def first_step_seconds(args, extra: list[str], cache_dir: Path) -> float:
     """Start a training run and return when its first step row lands in metrics.jsonl."""
     out = Path(tempfile.mkdtemp(prefix="envkit-bench-run-"))
-    env = cache.trainer_env(venv, cache_dir)
     started = time.perf_counter()
-    proc = subprocess.Popen([str(venv.python), "-m", "trainer", "train", "--preset", preset, "--out", str(out),
-                             "--steps", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen([args.python, "-m", "trainer", "train", *extra, "--out", str(out), "--steps", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=cache_env(cache_dir), cwd=PROJECT)
     metrics = out / "metrics.jsonl"
     while proc.poll() is None:
         if metrics.exists() and '"loss"' in metrics.read_text():
             break
         time.sleep(0.05)
     seconds = time.perf_counter() - started
+    if proc.poll() is not None and proc.returncode != 0:
+        sys.exit(f"trainer failed: {proc.stderr.read().decode()[-2000:]}")
     proc.kill()
     proc.wait()
     shutil.rmtree(out, ignore_errors=True)
@@ -50,44 +72,51 @@ def fingerprint_rate() -> float:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(os.urandom(32_000_000 // 210))
     started = time.perf_counter()
-    files = cache.scan(tmp)
-    cache.files_digest(files)
+    cache.files_digest(cache.scan(tmp))
     seconds = time.perf_counter() - started
     shutil.rmtree(tmp)
     return 32 / seconds
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--venv", default=str(paths.default_venv("cpu")))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", default=sys.executable, help="interpreter with torch (a managed venv's)")
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--bucket", type=int, help="only this length bucket")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    venv = Venv(Path(args.venv)).require()
+    extra = trainer_args(args)
     work = Path(tempfile.mkdtemp(prefix="envkit-bench-cache-"))
-    os.environ["ENVKIT_CACHE_DIR"] = str(work / "warm")
-    warmed = cache.warm(venv, args.preset, quiet=True)
-    bundle = work / "export.envkit-cache"
-    cache.export(venv, bundle, args.preset, quiet=True)
+    warm_dir, blob = work / "warm", work / "mega-cache.bin"
+    started = time.perf_counter()
+    subprocess.run([args.python, "-m", "trainer", "warmup", *extra, "--out", str(work / "w"), "--export", str(blob)],
+                   check=True, capture_output=True, env=cache_env(warm_dir), cwd=PROJECT)
+    warmup_s = time.perf_counter() - started
     times: dict[str, list[float]] = {"cold": [], "warm": [], "imported": []}
+    load_s = []
     for index in range(args.repeat):
-        cold = work / f"cold-{index}"
-        times["cold"].append(first_step_seconds(venv, args.preset, cold))
-        times["warm"].append(first_step_seconds(venv, args.preset, Path(warmed.cache_dir)))
-        os.environ["ENVKIT_CACHE_DIR"] = str(work / f"imported-{index}")
-        imported = cache.import_(venv, bundle, args.preset)
-        times["imported"].append(first_step_seconds(venv, args.preset, Path(imported["cache_dir"])))
-        os.environ["ENVKIT_CACHE_DIR"] = str(work / "warm")
+        times["cold"].append(first_step_seconds(args, extra, work / f"cold-{index}"))
+        times["warm"].append(first_step_seconds(args, extra, warm_dir))
+        imported = work / f"imported-{index}"
+        started = time.perf_counter()
+        subprocess.run([args.python, "-m", "trainer", "load-cache", str(blob)], check=True, capture_output=True,
+                       env=cache_env(imported), cwd=PROJECT)
+        load_s.append(time.perf_counter() - started)
+        times["imported"].append(first_step_seconds(args, extra, imported))
     medians = {k: round(statistics.median(v), 2) for k, v in times.items()}
-    result = {"preset": args.preset, "repeat": args.repeat, "first_step_s": medians,
+    files = cache.scan(warm_dir)
+    result = {"preset": args.preset, "bucket": args.bucket, "repeat": args.repeat, "first_step_s": medians,
               "warm_over_cold": round(medians["warm"] / medians["cold"], 3),
               "imported_over_cold": round(medians["imported"] / medians["cold"], 3),
-              "export_bytes": bundle.stat().st_size, "cache_files": warmed.files, "cache_bytes": warmed.bytes,
+              "load_blob_s": round(statistics.median(load_s), 2), "initial_warmup_s": round(warmup_s, 1),
+              "export_bytes": blob.stat().st_size, "cache_files": len(files),
+              "cache_bytes": sum(size for size, _ in files.values()),
               "fingerprint_mb_per_s": round(fingerprint_rate(), 1), "all": times}
     print(json.dumps(result))
     print(f"first finished step ({args.preset}, median of {args.repeat}): cold {medians['cold']:.1f} s, warm "
           f"{medians['warm']:.1f} s ({result['warm_over_cold']:.0%}), imported {medians['imported']:.1f} s "
-          f"({result['imported_over_cold']:.0%}); fingerprint {result['fingerprint_mb_per_s']} MB/s")
+          f"({result['imported_over_cold']:.0%}, after {result['load_blob_s']:.1f} s of loading the blob); "
+          f"fingerprint {result['fingerprint_mb_per_s']} MB/s")
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -15,7 +15,7 @@ from trainer import checkpoint  # noqa: E402
 from trainer.config import TrainConfig, qwen3_8b, tiny  # noqa: E402
 from trainer.loss import block_targets, sample_anchors, slot_weights  # noqa: E402
 from trainer.masks import dense_mask, make_mask_mod  # noqa: E402
-from trainer.model import Attention, build_drafter  # noqa: E402
+from trainer.model import FlexAttention, SdpaAttention, build_drafter  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -58,18 +58,31 @@ def test_dense_mask_rule():
 
 
 def test_flex_and_sdpa_agree_on_cpu_forward():
-    from torch.nn.attention.flex_attention import create_block_mask
-
     torch.manual_seed(0)
     anchors, context, block = random_anchors(), 40, 4
     q = torch.randn(3, 4, anchors.shape[1] * block, 16)
     k = torch.randn(3, 2, context + anchors.shape[1] * block, 16)
     v = torch.randn_like(k)
     with torch.no_grad():
-        sdpa = Attention.sdpa(q, k, v, anchors, context, block)
-        flex = Attention.flex(q, k, v, anchors, context, block)
+        sdpa = SdpaAttention.attend(q, k, v, SdpaAttention.prepare(anchors, context, block))
+        flex = FlexAttention.attend(q, k, v, FlexAttention.prepare(anchors, context, block))
     # Rows of padding blocks see nothing: SDPA zeroes them; flex's output there is 0 too.
     torch.testing.assert_close(sdpa, flex, atol=1e-5, rtol=1e-4)
+
+
+def test_whole_drafter_agrees_across_backends():
+    """The same drafter with flex (forward only on CPU) and SDPA gives the same hidden states."""
+    cfg = small_config()
+    torch.manual_seed(0)
+    drafter = build_drafter(cfg.drafter, cfg.target, num_taps=1)
+    anchors = random_anchors(context=64)
+    tapped = torch.randn(3, 64, cfg.target.hidden_size)
+    embeds = torch.randn(3, anchors.shape[1] * cfg.drafter.block_size, cfg.target.hidden_size)
+    with torch.no_grad():
+        sdpa = drafter(tapped, embeds, anchors, SdpaAttention)
+        flex = drafter(tapped, embeds, anchors, FlexAttention)
+    live = (anchors >= 0).repeat_interleave(cfg.drafter.block_size, dim=1)  # padding rows differ by design
+    torch.testing.assert_close(sdpa[live], flex[live], atol=1e-4, rtol=1e-4)
 
 
 def test_sdpa_gradients_are_finite_with_padding_blocks():
@@ -78,7 +91,7 @@ def test_sdpa_gradients_are_finite_with_padding_blocks():
     anchors = random_anchors(context=64)
     tapped = torch.randn(3, 64, cfg.target.hidden_size)
     embeds = torch.randn(3, anchors.shape[1] * cfg.drafter.block_size, cfg.target.hidden_size)
-    drafter(tapped, embeds, anchors, Attention.sdpa).sum().backward()
+    drafter(tapped, embeds, anchors, SdpaAttention).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in drafter.parameters() if p.grad is not None)
 
 

@@ -36,7 +36,10 @@ class DrafterConfig:
 
 @dataclass
 class DataConfig:
-    path: str | None = None  # JSONL (conversations or input_ids/loss_mask); None = generate from the target
+    path: str | None = None  # JSONL (conversations or input_ids/loss_mask); None = `source`
+    # Without a path: "generate" continues prompts with the target (learnable, tiny); "random" draws
+    # uniform tokens (a shape-faithful throughput workload: decoding with an 8B target would take hours).
+    source: str = "generate"
     tokenizer: str | None = None  # for conversation JSONL; defaults to the target path
     buckets: list[int] = field(default_factory=lambda: [64, 128])  # padded sequence lengths (fixed shapes)
     num_sequences: int = 512  # generated data only
@@ -126,7 +129,8 @@ def qwen3_8b() -> TrainConfig:
                             num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=40_960,
                             embedding_scale=1.0),
         drafter=DrafterConfig(num_layers=5, block_size=16, gamma=7.0),
-        data=DataConfig(buckets=[1024, 2048, 3072], num_sequences=64, prompt_len=64, eval_sequences=4),
+        data=DataConfig(buckets=[1024, 2048, 3072], num_sequences=64, prompt_len=64, eval_sequences=4,
+                        source="random"),
         batch_size=1, num_anchors=512, steps=100, lr=6e-4, dtype="bfloat16", attention="auto", compile=True,
         log_every=5, eval_every=0, ckpt_every=0,
     )

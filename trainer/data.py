@@ -161,3 +161,15 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
             ids = tokens[row, :length].tolist()
             sequences.append(Sequence(ids, [0] * cfg.prompt_len + [1] * (length - cfg.prompt_len)))
     return _finish(sequences, cfg, block_size)
+
+
+def random_tokens(cfg: DataConfig, count: int, vocab: int, mask_token_id: int, seed: int, block_size: int) -> Dataset:
+    """Uniform random sequences spread over the buckets: a throughput workload, nothing to learn."""
+    generator = torch.Generator().manual_seed(seed)
+    sequences = []
+    for index in range(count):
+        length = cfg.buckets[index % len(cfg.buckets)]
+        ids = torch.randint(vocab - 1, (length,), generator=generator)
+        ids[ids >= mask_token_id] += 1  # never the mask token
+        sequences.append(Sequence(ids.tolist(), [0] * cfg.prompt_len + [1] * (length - cfg.prompt_len)))
+    return _finish(sequences, cfg, block_size)

@@ -13,7 +13,7 @@ import torch
 from trainer import checkpoint, data as datasets, evaluate
 from trainer.config import TrainConfig, target_layer_ids
 from trainer.loss import block_targets, sample_anchors
-from trainer.model import Attention, build_drafter
+from trainer.model import BACKENDS, build_drafter
 from trainer.replica import Replica
 from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.target import TrainerInputError, build_target, sync_config_from_model, tapped_states
@@ -37,7 +37,7 @@ def pick_attention(cfg: TrainConfig, device: torch.device, *, training: bool = T
         backend = "flex" if device.type == "cuda" else "sdpa"
     if backend == "flex" and device.type == "cpu" and training:
         raise TrainerInputError("flex_attention has no backward on CPU (HAZARDS.md H7); use --attention sdpa")
-    return backend, getattr(Attention, backend)
+    return backend, BACKENDS[backend]
 
 
 def _resolve_mask_token(cfg: TrainConfig, tokenizer) -> int:
@@ -52,8 +52,11 @@ def _resolve_mask_token(cfg: TrainConfig, tokenizer) -> int:
 
 
 def _peak_memory(device: torch.device) -> int:
+    """Peak since the last call on CUDA (a per-step peak shows whether memory is flat); process peak RSS on CPU."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        peak = int(torch.cuda.max_memory_allocated(device))
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -75,11 +78,10 @@ class Trainer:
         if max(self.layer_ids) >= cfg.target.num_layers or min(self.layer_ids) < 0:
             raise TrainerInputError(f"target_layer_ids {self.layer_ids} outside the target's {cfg.target.num_layers} layers")
         torch.manual_seed(cfg.seed)
-        backend, attend = pick_attention(cfg, self.device)
-        self.backend = backend
+        self.backend, attention = pick_attention(cfg, self.device)
         drafter = build_drafter(cfg.drafter, cfg.target, len(self.layer_ids))
         self.replica = Replica(cfg, drafter, self.device, self.target.get_input_embeddings().weight,
-                               self.target.get_output_embeddings().weight, attend, self.dtype)
+                               self.target.get_output_embeddings().weight, attention, self.dtype)
         self.train_data, self.eval_data = self._datasets(tokenizer)
         self.monitor = CompileMonitor()
         self.step_count = 0
@@ -113,6 +115,12 @@ class Trainer:
             train = datasets.Dataset(train.sequences[:-held] or train.sequences, cfg.data.buckets,
                                      dropped_short=train.dropped_short, truncated=train.truncated,
                                      skipped_bad=train.skipped_bad)
+        elif cfg.data.source == "random":
+            vocab = cfg.target.vocab_size
+            train = datasets.random_tokens(cfg.data, cfg.data.num_sequences, vocab, self.mask_token_id, cfg.seed + 1,
+                                           block)
+            eval_data = datasets.random_tokens(cfg.data, cfg.data.eval_sequences, vocab, self.mask_token_id,
+                                               cfg.seed + 2, block)
         else:
             started = time.perf_counter()
             train = datasets.generate(self.target, cfg.data, cfg.data.num_sequences, self.mask_token_id,

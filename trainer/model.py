@@ -38,25 +38,44 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     return x * cos + rotated * sin
 
 
-class Attention:
-    """Backends share one signature: q (B,h,Q,d), k/v (B,h,S+Q,d), anchors (B,N) -> (B,h,Q,d)."""
+class SdpaAttention:
+    """Dense boolean mask through scaled_dot_product_attention: CPU, and any device as a fallback."""
+
+    name = "sdpa"
 
     @staticmethod
-    def sdpa(q, k, v, anchors, context_len: int, block_size: int):
+    def prepare(anchors: torch.Tensor, context_len: int, block_size: int):
+        """Built once per step, outside the compiled region, shared by every layer."""
         mask = dense_mask(anchors, context_len, block_size)  # (B, Q, S+Q)
         # A padding block's rows see nothing; give them one key so softmax stays finite, zero them after.
         empty = ~mask.any(-1, keepdim=True)  # (B, Q, 1)
         mask = mask | (empty & (torch.arange(mask.shape[-1], device=mask.device) == 0))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
-        return out.masked_fill(empty[:, None], 0.0)
+        return mask[:, None], empty[:, None]  # (B, 1, Q, S+Q), (B, 1, Q, 1)
 
     @staticmethod
-    def flex(q, k, v, anchors, context_len: int, block_size: int, block_mask=None):
+    def attend(q, k, v, prepared):
+        mask, empty = prepared
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return out.masked_fill(empty, 0.0)
+
+
+class FlexAttention:
+    """flex_attention with a BlockMask built from the same rule (fused and sparse when compiled)."""
+
+    name = "flex"
+
+    @staticmethod
+    def prepare(anchors: torch.Tensor, context_len: int, block_size: int):
+        return flex_block_mask(anchors, context_len, block_size)
+
+    @staticmethod
+    def attend(q, k, v, block_mask):
         from torch.nn.attention.flex_attention import flex_attention
 
-        if block_mask is None:
-            block_mask = flex_block_mask(anchors, context_len, block_size)
         return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+
+
+BACKENDS = {"sdpa": SdpaAttention, "flex": FlexAttention}
 
 
 class DrafterLayer(nn.Module):
@@ -79,7 +98,7 @@ class DrafterLayer(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, n, self.head_dim).transpose(1, 2)  # (B, n, T, d)
 
-    def forward(self, x, context, ctx_pos, block_pos, anchors, attend, block_size: int):
+    def forward(self, x, context, ctx_pos, block_pos, attention, prepared):
         # x (B, Q, H) block stream; context (B, S, H) fused target states, already normalised.
         h = self.input_norm(x)
         q = rope(self.q_norm(self._heads(self.q_proj(h), self.heads)), block_pos, self.theta)  # (B, h, Q, d)
@@ -90,7 +109,7 @@ class DrafterLayer(nn.Module):
         v_blk = self._heads(self.v_proj(h), self.kv_heads)
         k = torch.cat([k_ctx, k_blk], dim=2)  # (B, kvh, S+Q, d)
         v = torch.cat([v_ctx, v_blk], dim=2)
-        out = attend(q, k, v, anchors, context.shape[1], block_size)  # (B, h, Q, d)
+        out = attention.attend(q, k, v, prepared)  # (B, h, Q, d)
         x = x + self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
         h = self.post_norm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
@@ -109,8 +128,14 @@ class Drafter(nn.Module):
                                     for _ in range(num_layers))
         self.final_norm = RMSNorm(hidden)
 
-    def forward(self, tapped: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor, attend) -> torch.Tensor:
-        """tapped (B, S, taps*H), block_embeds (B, Q, H) from the shared embedding -> hidden (B, Q, H)."""
+    def forward(self, tapped: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor, attention,
+                prepared=None) -> torch.Tensor:
+        """tapped (B, S, taps*H), block_embeds (B, Q, H) from the shared embedding -> hidden (B, Q, H).
+
+        `prepared` is attention.prepare(anchors, S, bs), built outside any compiled region.
+        """
+        if prepared is None:
+            prepared = attention.prepare(anchors, tapped.shape[1], self.block_size)
         batch, context_len, _ = tapped.shape
         context = self.fuse_norm(self.fuse(tapped))  # (B, S, H)
         ctx_pos = torch.arange(context_len, device=tapped.device).expand(batch, -1)  # (B, S)
@@ -118,7 +143,7 @@ class Drafter(nn.Module):
         block_pos = anchors.clamp(min=0).repeat_interleave(self.block_size, dim=1) + slot  # (B, Q)
         x = block_embeds
         for layer in self.layers:
-            x = layer(x, context, ctx_pos, block_pos, anchors, attend, self.block_size)
+            x = layer(x, context, ctx_pos, block_pos, attention, prepared)
         return self.final_norm(x)
 
 

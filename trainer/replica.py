@@ -23,8 +23,8 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
 
 class Replica:
     def __init__(self, cfg: TrainConfig, drafter: torch.nn.Module, device: torch.device, embed_weight: torch.Tensor,
-                 head_weight: torch.Tensor, attend, dtype: torch.dtype):
-        self.cfg, self.device, self.attend, self.dtype = cfg, device, attend, dtype
+                 head_weight: torch.Tensor, attention, dtype: torch.dtype):
+        self.cfg, self.device, self.attention, self.dtype = cfg, device, attention, dtype
         self.drafter = drafter.to(device)
         # The target's embedding and LM head, shared and frozen; a copy on this replica's device.
         self.embed_weight = embed_weight.to(device)
@@ -32,17 +32,22 @@ class Replica:
         self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                            betas=(0.9, 0.95))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(cfg, step))
-        self.loss_fn = torch.compile(self._loss, dynamic=False) if cfg.compile else self._loss
+        self._compiled_loss = torch.compile(self._loss, dynamic=False) if cfg.compile else self._loss
 
     def clone_to(self, device: torch.device) -> "Replica":
         """A replica with bit-identical weights on another device (optimizer state starts empty, as here)."""
         return Replica(self.cfg, copy.deepcopy(self.drafter), device, self.embed_weight, self.head_weight,
-                       self.attend, self.dtype)
+                       self.attention, self.dtype)
 
-    def _loss(self, tapped, block_ids, anchors, labels, weights):
+    def loss_fn(self, tapped, block_ids, anchors, labels, weights):
+        """The step's loss; the mask is built here, outside the compiled region (one graph per bucket)."""
+        prepared = self.attention.prepare(anchors, tapped.shape[1], self.cfg.drafter.block_size)
+        return self._compiled_loss(tapped, block_ids, anchors, prepared, labels, weights)
+
+    def _loss(self, tapped, block_ids, anchors, prepared, labels, weights):
         block_embeds = F.embedding(block_ids, self.embed_weight)  # (B, Q, H) shared, frozen
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attend)  # (B, Q, H)
+            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared)  # (B, Q, H)
             return weighted_block_loss(hidden, self.head_weight, labels, weights, self.cfg.lm_head_chunk)
 
     @torch.no_grad()
@@ -50,7 +55,7 @@ class Replica:
         """Greedy token per block slot (B, Q), for evaluation."""
         block_embeds = F.embedding(block_ids, self.embed_weight)
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attend)
+            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention)
             return (hidden @ self.head_weight.t()).argmax(-1)
 
     def apply_gradients(self) -> None:

@@ -39,13 +39,14 @@ def build_target(cfg: TargetConfig, *, device: str | torch.device = "cpu", dtype
         if meta:
             with torch.device("meta"):
                 return AutoModelForCausalLM.from_config(config)
-        with torch.random.fork_rng(devices=[]):
+        device = torch.device(device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
             torch.manual_seed(cfg.seed)
-            model = AutoModelForCausalLM.from_config(config)
+            # Initialised on the device itself: an 8B random init on the host takes minutes.
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
             with torch.no_grad():
                 # A random target is near-uniform; larger embeddings give it peaked, learnable outputs.
                 model.get_input_embeddings().weight.mul_(cfg.embedding_scale)
-        model = model.to(dtype)
     model.requires_grad_(False)
     return model.eval().to(device)
 

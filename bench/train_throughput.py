@@ -1,0 +1,157 @@
+"""Training throughput of a preset after warm-up: tokens/s, MFU, step time, peak memory, compile health.
+
+    python bench/train_throughput.py --preset qwen3_8b --variants flex,flex-eager,sdpa --steps 12
+    python bench/train_throughput.py --preset tiny --variants sdpa --steps 50          # CPU
+
+Each variant runs in its own process (fresh compile state, an OOM stays contained):
+flex = compiled flex_attention, flex-eager = flex_attention without torch.compile (HAZARDS.md H8),
+sdpa = compiled model with SDPA and a dense mask. --targets/--drafters run the threaded pipeline.
+Prints one JSON line per variant and a table side by side; --out writes the JSON lines to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT))
+
+VARIANTS = {"flex": ("flex", True), "flex-eager": ("flex", False), "sdpa": ("sdpa", True)}
+
+
+def run_variant(args) -> dict:
+    """In this process: build the trainer, warm up, train N steps, summarise the step rows."""
+    import torch
+
+    from trainer.config import preset
+    from trainer.flops import sequence_flops
+    from trainer.loop import Trainer
+
+    attention, compiled = VARIANTS[args.variant]
+    cfg = preset(args.preset)
+    cfg.attention, cfg.compile = attention, compiled
+    cfg.steps = args.steps + args.skip
+    cfg.eval_every = cfg.ckpt_every = 0
+    cfg.log_every = max(1, cfg.steps)
+    if args.bucket:
+        cfg.data.buckets = [args.bucket]
+    if args.batch_size:
+        cfg.batch_size = args.batch_size
+    if args.num_anchors:
+        cfg.num_anchors = args.num_anchors
+    cfg.data.num_sequences = max(8, cfg.batch_size * 4)
+    cfg.data.eval_sequences = 1
+    out = Path(tempfile.mkdtemp(prefix="envkit-bench-tp-"))
+    started = time.perf_counter()
+    if args.targets or args.drafters:
+        from trainer.pipeline import ThreadedTrainer
+
+        trainer = ThreadedTrainer(cfg, out, targets=args.targets.split(","), drafters=args.drafters.split(","),
+                                  mitigations=not args.no_mitigations, log=lambda m: print(m, file=sys.stderr))
+        replicas = len(trainer.all_replicas)
+    else:
+        trainer = Trainer(cfg, out, device=args.device, log=lambda m: print(m, file=sys.stderr))
+        replicas = 1
+    setup_s = time.perf_counter() - started
+    warm_started = time.perf_counter()
+    trainer.warmup()
+    warmup_s = time.perf_counter() - warm_started
+    if args.targets or args.drafters:
+        trainer.train()
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        rows = [r for r in rows if "loss" in r][args.skip:]
+    else:
+        rows = []
+        for _ in range(cfg.steps):
+            rows.append(trainer.step())
+        rows = rows[args.skip:]
+    trainer.close()
+    device = trainer.device
+    step_tokens = [cfg.batch_size * replicas * r["bucket"] for r in rows]
+    step_s = [tokens / r["tokens_per_s"] for tokens, r in zip(step_tokens, rows)]
+    flops = [cfg.batch_size * replicas * sequence_flops(cfg, r["bucket"])["total"] for r in rows]
+    peaks = [r["peak_mem_bytes"] if isinstance(r["peak_mem_bytes"], int) else max(r["peak_mem_bytes"].values())
+             for r in rows]
+    tokens_per_s = sum(step_tokens) / sum(step_s)
+    achieved = sum(flops) / sum(step_s)
+    peak_tflops = args.peak_tflops if args.peak_tflops else (790.0 if device.type == "cuda" else None)
+    return {
+        "variant": args.variant, "preset": args.preset, "device": torch.cuda.get_device_name(0)
+        if device.type == "cuda" else "cpu", "torch": torch.__version__,
+        "triton": _version("triton"), "steps": len(rows), "batch_size": cfg.batch_size, "num_anchors": cfg.num_anchors,
+        "buckets": cfg.data.buckets, "replicas": replicas, "tokens_per_s": round(tokens_per_s, 1),
+        "tflops_per_s": round(achieved / 1e12, 1),
+        "mfu": round(achieved / (peak_tflops * 1e12), 4) if peak_tflops else None,
+        "step_s_median": round(statistics.median(step_s), 4),
+        "step_s_p90": round(sorted(step_s)[int(0.9 * (len(step_s) - 1))], 4),
+        "peak_mem_gib_min": round(min(peaks) / 2**30, 2), "peak_mem_gib_max": round(max(peaks) / 2**30, 2),
+        "eager_fallbacks": rows[-1]["eager_fallbacks"], "recompiles": rows[-1]["recompiles"],
+        "setup_s": round(setup_s, 1), "warmup_s": round(warmup_s, 1),
+        "flops_per_sequence_tflop": round(sequence_flops(cfg, cfg.data.buckets[-1])["total"] / 1e12, 1),
+    }
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--variants", default="sdpa", help="comma list of: " + ", ".join(VARIANTS))
+    parser.add_argument("--variant", help=argparse.SUPPRESS)  # one variant, in the child process
+    parser.add_argument("--steps", type=int, default=10, help="measured steps after warm-up")
+    parser.add_argument("--skip", type=int, default=2, help="steps run but not measured")
+    parser.add_argument("--bucket", type=int, help="use only this length bucket")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--num-anchors", type=int)
+    parser.add_argument("--device")
+    parser.add_argument("--targets", default="")
+    parser.add_argument("--drafters", default="")
+    parser.add_argument("--no-mitigations", action="store_true")
+    parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default 790 on CUDA: H200 bf16)")
+    parser.add_argument("--out", help="also append the JSON lines to this file")
+    parser.add_argument("--timeout", type=int, default=900)
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(run_variant(args)), flush=True)
+        return
+    results = []
+    passthrough = [a for a in sys.argv[1:]]
+    for variant in args.variants.split(","):
+        cmd = [sys.executable, __file__, *passthrough, "--variant", variant]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=PROJECT,
+                                  env=dict(os.environ, PYTHONPATH=str(PROJECT)))
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            result = json.loads(lines[-1]) if proc.returncode == 0 and lines else \
+                {"variant": variant, "error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
+        except subprocess.TimeoutExpired:
+            result = {"variant": variant, "error": [f"timed out after {args.timeout}s"]}
+        results.append(result)
+        print(json.dumps(result), flush=True)
+        if args.out:
+            with open(args.out, "a") as handle:
+                handle.write(json.dumps(result) + "\n")
+    keys = ["tokens_per_s", "mfu", "tflops_per_s", "step_s_median", "step_s_p90", "peak_mem_gib_min",
+            "peak_mem_gib_max", "eager_fallbacks", "recompiles", "warmup_s"]
+    print(f"{'':18}" + "".join(f"{r['variant']:>14}" for r in results))
+    for key in keys:
+        print(f"{key:18}" + "".join(f"{str(r.get(key, r.get('error', '-')))[:13]:>14}" for r in results))
+
+
+if __name__ == "__main__":
+    main()
