@@ -45,7 +45,8 @@ class Replica:
         return self._compiled_loss(tapped, block_ids, anchors, prepared, labels, weights)
 
     def _loss(self, tapped, block_ids, anchors, prepared, labels, weights):
-        block_embeds = F.embedding(block_ids, self.embed_weight)  # (B, Q, H) shared, frozen
+        # (B, Q, H) from the shared, frozen embedding; the residual stream stays float32 (matmuls autocast).
+        block_embeds = F.embedding(block_ids, self.embed_weight).float()
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
             hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared)  # (B, Q, H)
             return weighted_block_loss(hidden, self.head_weight, labels, weights, self.cfg.lm_head_chunk)
