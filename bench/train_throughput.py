@@ -41,8 +41,8 @@ def run_variant(args) -> dict:
     cfg.steps = args.steps + args.skip
     cfg.eval_every = cfg.ckpt_every = 0
     cfg.log_every = max(1, cfg.steps)
-    if args.bucket:
-        cfg.data.buckets = [args.bucket]
+    if args.buckets:
+        cfg.data.buckets = [int(b) for b in args.buckets.split(",")]
     if args.batch_size:
         cfg.batch_size = args.batch_size
     if args.num_anchors:
@@ -54,8 +54,10 @@ def run_variant(args) -> dict:
     if args.targets or args.drafters:
         from trainer.pipeline import ThreadedTrainer
 
+        unwarmed = tuple(int(b) for b in args.unwarmed.split(",")) if args.unwarmed else ()
         trainer = ThreadedTrainer(cfg, out, targets=args.targets.split(","), drafters=args.drafters.split(","),
-                                  mitigations=not args.no_mitigations, log=lambda m: print(m, file=sys.stderr))
+                                  mitigations=not args.no_mitigations, log=lambda m: print(m, file=sys.stderr),
+                                  unwarmed=unwarmed)
         replicas = len(trainer.all_replicas)
     else:
         trainer = Trainer(cfg, out, device=args.device, log=lambda m: print(m, file=sys.stderr))
@@ -65,7 +67,11 @@ def run_variant(args) -> dict:
     trainer.warmup()
     warmup_s = time.perf_counter() - warm_started
     if args.targets or args.drafters:
-        trainer.train()
+        try:
+            trainer.train()
+        except Exception as exc:  # the unmitigated race: report it as the result
+            return {"variant": args.variant, "mitigations": not args.no_mitigations, "replicas": replicas,
+                    "error": [f"{type(exc).__name__}: {str(exc)[:300]}"]}
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         rows = [r for r in rows if "loss" in r][args.skip:]
     else:
@@ -87,7 +93,7 @@ def run_variant(args) -> dict:
         "variant": args.variant, "preset": args.preset, "device": torch.cuda.get_device_name(0)
         if device.type == "cuda" else "cpu", "torch": torch.__version__,
         "triton": _version("triton"), "steps": len(rows), "batch_size": cfg.batch_size, "num_anchors": cfg.num_anchors,
-        "buckets": cfg.data.buckets, "replicas": replicas, "tokens_per_s": round(tokens_per_s, 1),
+        "buckets": cfg.data.buckets, "replicas": replicas, "mitigations": not args.no_mitigations, "tokens_per_s": round(tokens_per_s, 1),
         "tflops_per_s": round(achieved / 1e12, 1),
         "mfu": round(achieved / (peak_tflops * 1e12), 4) if peak_tflops else None,
         "step_s_median": round(statistics.median(step_s), 4),
@@ -115,7 +121,8 @@ def main() -> None:
     parser.add_argument("--variant", help=argparse.SUPPRESS)  # one variant, in the child process
     parser.add_argument("--steps", type=int, default=10, help="measured steps after warm-up")
     parser.add_argument("--skip", type=int, default=2, help="steps run but not measured")
-    parser.add_argument("--bucket", type=int, help="use only this length bucket")
+    parser.add_argument("--buckets", help="comma list of length buckets to use instead of the preset's")
+    parser.add_argument("--unwarmed", help="threaded only: buckets left out of warm-up (a dataset that grew)")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--num-anchors", type=int)
     parser.add_argument("--device")

@@ -28,8 +28,8 @@ RACE = textwrap.dedent("""
         threadsafe.install()
     from torch.nn.attention.flex_attention import flex_attention
     compiled_flex = torch.compile(flex_attention)
-    q = torch.randn(1, 1, 16, 8)
-    compiled_flex(q, q, q)  # warmed before the threads start
+    q, k, v = (torch.randn(1, 1, 16, 8) for _ in range(3))  # distinct buffers (torch 2.11's CPU flex needs them)
+    compiled_flex(q, k, v)  # warmed before the threads start
     tracing, done = threading.Event(), threading.Event()
 
     class Blocking(torch.nn.Module):
@@ -48,7 +48,7 @@ RACE = textwrap.dedent("""
     try:
         with gate.shared():
             if what == "flex":
-                compiled_flex(q, q, q)
+                compiled_flex(q, k, v)
             else:
                 torch.nn.Linear(4, 4)(torch.randn(2, 4))
         print("ok")

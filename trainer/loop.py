@@ -172,19 +172,20 @@ class Trainer:
         return row
 
     # -- warm-up, eval, train ---------------------------------------------------------------------
-    def warmup(self, progress=None) -> list[int]:
-        """Compile every length bucket, forward and backward, single-threaded; no weights change."""
+    def warmup(self, progress=None, buckets: list[int] | None = None) -> list[int]:
+        """Compile every length bucket (or those given), forward and backward, single-threaded."""
         generator = torch.Generator().manual_seed(0)
-        for index, bucket in enumerate(self.cfg.data.buckets):
+        buckets = self.cfg.data.buckets if buckets is None else buckets
+        for index, bucket in enumerate(buckets):
             batch = self.train_data.bucket_batch(bucket, self.cfg.batch_size)
             inputs = self._prepare(batch, generator)
             for replica in self.replicas:
                 replica.loss_fn(*to_device(inputs, replica.device)).backward()
                 replica.optimizer.zero_grad(set_to_none=True)
             if progress:
-                progress(index + 1, len(self.cfg.data.buckets), bucket)
+                progress(index + 1, len(buckets), bucket)
         self.monitor.mark_warm()
-        return list(self.cfg.data.buckets)
+        return list(buckets)
 
     @torch.no_grad()
     def evaluate(self) -> dict:

@@ -44,8 +44,9 @@ class Job:
 class ThreadedTrainer(Trainer):
     def __init__(self, cfg, out_dir, *, targets: list[str], drafters: list[str], mitigations: bool = True,
                  strict_compile: bool = False, fail_at: str | None = None, resume: bool = False, log=print,
-                 dist=None):
+                 dist=None, unwarmed: tuple[int, ...] = ()):
         self.mitigations, self.strict_compile, self.dist = mitigations, strict_compile, dist
+        self.unwarmed = set(unwarmed)
         if mitigations:
             self.installed = threadsafe.install()  # before anything is compiled
         else:
@@ -197,9 +198,11 @@ class ThreadedTrainer(Trainer):
                 self._step_losses.pop(step)
 
     # -- the run ----------------------------------------------------------------------------------
-    def warmup(self, progress=None) -> list[int]:
+    def warmup(self, progress=None, buckets: list[int] | None = None) -> list[int]:
         """Single-threaded compile of every bucket on every replica, before any worker starts (H4)."""
-        buckets = super().warmup(progress)
+        if buckets is None:  # --unwarmed leaves some out, to show what a shape nobody warmed does
+            buckets = [b for b in self.cfg.data.buckets if b not in self.unwarmed]
+        buckets = super().warmup(progress, buckets)
         self.gate.warmed = {(index, bucket) for index in range(len(self.all_replicas)) for bucket in buckets}
         return buckets
 

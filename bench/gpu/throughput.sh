@@ -9,6 +9,6 @@ mkdir -p "$OUT"
 cat "$OUT/env.txt"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_threads.py -k "h1 or h2 or own_trace" > "$OUT/races.txt" 2>&1
 tail -3 "$OUT/races.txt"
-timeout 420 python3 bench/train_throughput.py --preset qwen3_8b --bucket 3072 --steps 8 --skip 2 \
+timeout 420 python3 bench/train_throughput.py --preset qwen3_8b --buckets 3072 --steps 8 --skip 2 \
   --variants flex,sdpa,flex-eager --timeout 200 --out "$OUT/throughput.jsonl" 2> "$OUT/throughput.err"
 tail -20 "$OUT/throughput.err" | cut -c1-300
