@@ -28,7 +28,9 @@ RACE = textwrap.dedent("""
         threadsafe.install()
     from torch.nn.attention.flex_attention import flex_attention
     compiled_flex = torch.compile(flex_attention)
-    q, k, v = (torch.randn(1, 1, 16, 8) for _ in range(3))  # distinct buffers (torch 2.11's CPU flex needs them)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # Distinct buffers: torch 2.11's CPU flex lowering refuses q, k and v that are one tensor.
+    q, k, v = (torch.randn(1, 1, 128, 16, device=device) for _ in range(3))
     compiled_flex(q, k, v)  # warmed before the threads start
     tracing, done = threading.Event(), threading.Event()
 
@@ -50,7 +52,7 @@ RACE = textwrap.dedent("""
             if what == "flex":
                 compiled_flex(q, k, v)
             else:
-                torch.nn.Linear(4, 4)(torch.randn(2, 4))
+                torch.nn.Linear(4, 4).to(device)(torch.randn(2, 4, device=device))
         print("ok")
     except Exception as exc:
         print(f"{{type(exc).__name__}}: {{exc}}")
