@@ -9,6 +9,7 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_threads.py -k "h
 tail -2 "$OUT/races.txt"
 D=${DEVICES:-cuda:0}
 common="--preset qwen3_8b --variants flex --steps 5 --skip 1 --num-anchors 256 --timeout 120 --out $OUT/threads.jsonl"
+timeout 130 python3 bench/train_throughput.py $common --buckets 2048 --targets cuda:0 --drafters $D | grep -v "^ "
 timeout 130 python3 bench/train_throughput.py $common --buckets 2048 --targets cuda:0 --drafters $D,$D | grep -v '^ '
 timeout 130 python3 bench/train_throughput.py $common --buckets 1024,2048 --unwarmed 1024 --targets cuda:0 --drafters $D,$D --no-mitigations | grep -v '^ '
 timeout 130 python3 bench/train_throughput.py $common --buckets 1024,2048 --unwarmed 1024 --targets cuda:0 --drafters $D,$D | grep -v '^ '
