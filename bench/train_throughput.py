@@ -146,8 +146,10 @@ def main() -> None:
             lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
             result = json.loads(lines[-1]) if proc.returncode == 0 and lines else \
                 {"variant": variant, "error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
-        except subprocess.TimeoutExpired:
-            result = {"variant": variant, "error": [f"timed out after {args.timeout}s"]}
+        except subprocess.TimeoutExpired as exc:
+            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            result = {"variant": variant, "error": [f"timed out after {args.timeout}s"],
+                      "stderr_tail": stderr.strip().splitlines()[-12:]}
         results.append(result)
         print(json.dumps(result), flush=True)
         if args.out:
