@@ -187,8 +187,12 @@ class Trainer:
         self.monitor.mark_warm()
         return list(buckets)
 
-    @torch.no_grad()
     def evaluate(self) -> dict:
+        with self.monitor.excluding():
+            return self._evaluate()
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict:
         cfg = self.cfg
         replica = self.replica
         replica.drafter.eval()

@@ -6,6 +6,8 @@ limit) looks like "throughput fell 4x and memory swings"; these counters make it
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 def _counters():
     from torch._dynamo.utils import counters
@@ -37,6 +39,18 @@ class CompileMonitor:
 
     def mark_warm(self) -> None:
         self.baseline = snapshot()
+
+    @contextmanager
+    def excluding(self):
+        """Leave out what a block compiles on purpose (evaluation: eager flex_attention runs through
+        torch.compile with an eager backend, one dynamo graph per shape)."""
+        before = snapshot()
+        try:
+            yield
+        finally:
+            after = snapshot()
+            for key in self.baseline:
+                self.baseline[key] += after[key] - before[key]
 
     def since_warm(self) -> dict[str, int]:
         now = snapshot()
