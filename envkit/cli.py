@@ -337,7 +337,6 @@ def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, 
     """
     from envkit.launch import TrainRequest, describe_summary, start
 
-    _check_profile_choice(profile_name, None)
     _check_preset_choice(preset, config_path)
     request = TrainRequest(venv_path, profile_name, preset, config_path, name, runs_dir, detach, no_warm, allow_warn,
                            tuple(trainer_args))

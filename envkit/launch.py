@@ -162,32 +162,27 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
     }
     write_json_atomic(run_dir / RUN_JSON, record)
     if request.detach:
-        return _detach(run_dir, record, phases)
+        return _detach(run_dir, phases)
     phases.say(f"[5/5] train: {run_dir} (log: {run_dir / LOG})")
     return supervise(run_dir, echo=not quiet) | {"run_dir": str(run_dir)}
 
 
-def _detach(run_dir: Path, record: dict, phases: Phases) -> dict:
+def _detach(run_dir: Path, phases: Phases) -> dict:
+    """Start the supervisor in tmux (or a new session); it records its own pid and status in run.json."""
     supervisor = [sys.executable, "-m", "envkit", "supervise", str(run_dir)]
     session = f"envkit-{run_dir.name}"
-    env = dict(os.environ)
+    follow = f"envkit logs {run_dir.name} -f"
     if shutil.which("tmux"):
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, shlex.join(supervisor)], check=True, env=env)
-        follow = [f"tmux attach -t {session}", f"envkit logs {run_dir.name} -f"]
-        stop = f"tmux send-keys -t {session} C-c"
-        record["tmux_session"] = session
+        # Written before the start, so that run.json has a single writer once the supervisor runs.
+        _update(run_dir, tmux_session=session)
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, shlex.join(supervisor)], check=True)
+        where, follow, stop = f"tmux session {session}", f"tmux attach -t {session}  or  {follow}", \
+            f"tmux send-keys -t {session} C-c"
     else:
         with open(os.devnull, "rb") as stdin, open(os.devnull, "wb") as devnull:
-            proc = subprocess.Popen(supervisor, stdin=stdin, stdout=devnull, stderr=devnull, start_new_session=True,
-                                    env=env)
-        follow = [f"envkit logs {run_dir.name} -f"]
-        stop = f"kill -TERM {proc.pid}"
-        record["supervisor_pid"] = proc.pid
-    record["follow"], record["stop"] = follow, stop
-    _update(run_dir, follow=follow, stop=stop, **({"tmux_session": session} if "tmux_session" in record else
-                                                   {"supervisor_pid": record.get("supervisor_pid")}))
-    phases.say(f"[5/5] train: detached as {session if 'tmux_session' in record else 'a new session'}; "
-               f"follow: {' or '.join(follow)}; stop: {stop}")
+            proc = subprocess.Popen(supervisor, stdin=stdin, stdout=devnull, stderr=devnull, start_new_session=True)
+        where, stop = f"a new session (pid {proc.pid}; tmux is not installed)", f"kill -TERM {proc.pid}"
+    phases.say(f"[5/5] train: detached in {where}\n  follow: {follow}\n  stop:   {stop}")
     return read_run(run_dir) | {"run_dir": str(run_dir)}
 
 

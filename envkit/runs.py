@@ -46,7 +46,7 @@ def _metrics(run_dir: Path) -> tuple[dict, dict]:
 
 def status_of(record: dict) -> str:
     status = record.get("status", "unknown")
-    if status in ("running", "starting") and not _alive(record.get("supervisor_pid")):
+    if status == "running" and not _alive(record.get("supervisor_pid")):
         return "lost"  # the supervisor died without recording an end (SIGKILL, reboot)
     return status
 
