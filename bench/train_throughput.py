@@ -89,13 +89,15 @@ def run_variant(args) -> dict:
     tokens_per_s = sum(step_tokens) / sum(step_s)
     achieved = sum(flops) / sum(step_s)
     peak_tflops = args.peak_tflops if args.peak_tflops else (790.0 if device.type == "cuda" else None)
+    # MFU is per GPU: the achieved rate over the peak of every distinct device the run used.
+    gpus = len({d for d in (args.targets + "," + args.drafters).split(",") if d}) or 1
     return {
         "variant": args.variant, "preset": args.preset, "device": torch.cuda.get_device_name(0)
         if device.type == "cuda" else "cpu", "torch": torch.__version__,
         "triton": _version("triton"), "steps": len(rows), "batch_size": cfg.batch_size, "num_anchors": cfg.num_anchors,
         "buckets": cfg.data.buckets, "replicas": replicas, "mitigations": not args.no_mitigations, "tokens_per_s": round(tokens_per_s, 1),
         "tflops_per_s": round(achieved / 1e12, 1),
-        "mfu": round(achieved / (peak_tflops * 1e12), 4) if peak_tflops else None,
+        "gpus": gpus, "mfu": round(achieved / (gpus * peak_tflops * 1e12), 4) if peak_tflops else None,
         "step_s_median": round(statistics.median(step_s), 4),
         "step_s_p90": round(sorted(step_s)[int(0.9 * (len(step_s) - 1))], 4),
         "peak_mem_gib_min": round(min(peaks) / 2**30, 2), "peak_mem_gib_max": round(max(peaks) / 2**30, 2),
