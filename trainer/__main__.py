@@ -54,6 +54,11 @@ def _distributed():
 
 
 def _make_trainer(args, cfg, log):
+    """The single-thread loop, or the threaded pipeline for --targets/--drafters or torchrun."""
+    import os
+
+    import torch
+
     from trainer.loop import Trainer
 
     dist = _distributed()
@@ -61,9 +66,9 @@ def _make_trainer(args, cfg, log):
         return Trainer(cfg, Path(args.out), device=args.device, resume=args.resume, log=log)
     from trainer.pipeline import ThreadedTrainer
 
-    default = [args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")]
-    if dist and default[0].startswith("cuda") and not args.device:
-        default = [f"cuda:{int(__import__('os').environ.get('LOCAL_RANK', 0))}"]
+    default = [args.device or ("cuda" if torch.cuda.is_available() else "cpu")]
+    if dist and default[0] == "cuda":  # one GPU per process under torchrun
+        default = [f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"]
     targets = args.targets.split(",") if args.targets else default
     drafters = args.drafters.split(",") if args.drafters else default
     return ThreadedTrainer(cfg, Path(args.out), targets=targets, drafters=drafters,

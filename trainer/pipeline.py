@@ -218,6 +218,8 @@ class ThreadedTrainer(Trainer):
             self._log_eval(first_eval)
         self._completed: queue.Queue = queue.Queue()
         self._start_step = self.step_count
+        # Every key exists before the threads start: the main thread copies this dict while they update it.
+        self.thread_tokens_per_s = {f"drafter{i}": 0.0 for i in range(len(self.all_replicas))}
         threads = [self._thread(f"target{i}", self._target_worker, i) for i in range(len(self.targets))]
         threads += [self._thread(f"drafter{i}", self._drafter_worker, i) for i in range(len(self.all_replicas))]
         for thread in threads:
