@@ -6,7 +6,6 @@ import os
 import platform
 import shutil
 import signal
-import sys
 import tempfile
 import uuid
 from contextlib import contextmanager

@@ -15,12 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from envkit import __version__, cache, doctor, paths, profile as profiles
+from envkit import __version__, cache, doctor, paths
 from envkit.doctor.findings import Report, Status
 from envkit.doctor.torchchecks import mitigated
 from envkit.errors import RunError

@@ -3,7 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import run_envkit, write_profile
+from conftest import run_envkit
 
 from envkit import profile as profiles
 

@@ -10,7 +10,7 @@ from envkit import profile as profiles
 from envkit.doctor import cachechecks, environment, files, packages, torchchecks
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Report, Status
-from envkit.errors import ProfileError, VenvError
+from envkit.errors import ProfileError
 from envkit.uvtool import run_uv
 from envkit.venv import Venv, resolve_venv
 
