@@ -25,6 +25,7 @@ from envkit import paths
 from envkit.doctor.cachechecks import permission_problem
 from envkit.doctor.findings import Finding, Status
 from envkit.errors import CacheError
+from envkit.installed import installed_versions
 from envkit.venv import Venv, write_json_atomic
 
 FINGERPRINT = "fingerprint.json"
@@ -297,15 +298,6 @@ def _closest_key_difference(parts: dict, venv: Venv) -> dict:
 
 
 # -- doctor --------------------------------------------------------------------------------------
-def _installed_version(venv: Venv, name: str) -> str | None:
-    from envkit.installed import installed_distributions
-
-    for dist in installed_distributions(venv.site_packages()):
-        if dist.name == name:
-            return dist.version
-    return None
-
-
 def doctor_findings(venv: Venv) -> list[Finding]:
     """cache.fingerprint, read from outside (no torch import): fingerprints this venv made, re-hashed."""
     fix = f"envkit warm-cache --venv {venv.path}"
@@ -315,7 +307,8 @@ def doctor_findings(venv: Venv) -> list[Finding]:
                         "no fingerprinted compile cache for this venv: the first steps of every bucket compile cold",
                         fix)]
     findings = []
-    now = {"torch": _installed_version(venv, "torch"), "triton": _installed_version(venv, "triton"),
+    installed = installed_versions(venv.site_packages())
+    now = {"torch": installed.get("torch"), "triton": installed.get("triton"),
            "python": venv.pyvenv_cfg().get("version_info"), "trainer": trainer_digest()}
     for cache_dir, fingerprint in mine:
         if fingerprint is None:
@@ -419,7 +412,7 @@ def prune(*, dry_run: bool = False) -> list[dict]:
             fingerprint = read_fingerprint(Path(row["path"]))
             venv = Venv(Path(venv_path))
             old = fingerprint["key_parts"]
-            if old.get("torch") != _installed_version(venv, "torch") or \
+            if old.get("torch") != installed_versions(venv.site_packages()).get("torch") or \
                     old.get("python") != venv.pyvenv_cfg().get("version_info"):
                 reason = f"venv {venv_path} now has another torch or python"
         if reason:

@@ -17,7 +17,7 @@ from filelock import FileLock
 
 from envkit import __version__, paths, profile as profiles, wheelhouse
 from envkit.errors import VenvError
-from envkit.installed import installed_distributions
+from envkit.installed import installed_versions
 from envkit.lock import source_args
 from envkit.profile import Profile
 from envkit.progress import Phases
@@ -74,8 +74,7 @@ def is_current(venv: Venv, profile: Profile) -> bool:
     manifest = venv.manifest()
     if not venv.is_venv() or not manifest or manifest.get("lock_digest") != profile.lock_digest:
         return False
-    installed = {d.name: d.version for d in installed_distributions(venv.site_packages())}
-    return installed == {p.name: p.version for p in profile.packages}
+    return installed_versions(venv.site_packages()) == {p.name: p.version for p in profile.packages}
 
 
 def manifest_for(profile: Profile, python_version: str) -> dict:
@@ -112,7 +111,7 @@ def _build(temp: Venv, profile: Profile, links: list[str], phases: Phases, *, of
     with phases.phase("install", f"{len(profile.packages)} packages, hash-checked, from {sources}"):
         sync(temp, profile, links, offline=offline, no_index=no_index)
     with phases.phase("verify", "installed set equals the lock"):
-        installed = {d.name: d.version for d in installed_distributions(temp.site_packages())}
+        installed = installed_versions(temp.site_packages())
         wanted = {p.name: p.version for p in profile.packages}
         if installed != wanted:
             diff = sorted(set(installed.items()) ^ set(wanted.items()))

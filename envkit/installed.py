@@ -45,6 +45,11 @@ def read_distribution(dist_info: Path) -> Distribution | None:
                         tuple(headers.get("requires-dist", [])))
 
 
+def installed_versions(site_packages: Path) -> dict[str, str]:
+    """{canonical name: version} of what is installed (one of them, for a duplicated package)."""
+    return {d.name: d.version for d in installed_distributions(site_packages)}
+
+
 def installed_distributions(site_packages: Path) -> list[Distribution]:
     """Every *.dist-info with readable metadata, sorted by name (duplicates kept)."""
     found = [read_distribution(d) for d in sorted(site_packages.glob("*.dist-info")) if d.is_dir()]

@@ -23,7 +23,7 @@ from envkit import __version__, cache, doctor, paths
 from envkit.doctor.findings import Report, Status
 from envkit.doctor.torchchecks import mitigated
 from envkit.errors import RunError
-from envkit.installed import installed_distributions
+from envkit.installed import installed_versions
 from envkit.progress import Phases
 from envkit.uvtool import uv_version
 from envkit.venv import Venv, write_json_atomic
@@ -63,7 +63,7 @@ def _git_commit() -> str | None:
 
 
 def _versions(venv: Venv) -> dict:
-    installed = {d.name: d.version for d in installed_distributions(venv.site_packages())}
+    installed = installed_versions(venv.site_packages())
     return {"envkit": __version__, "python": venv.pyvenv_cfg().get("version_info"), "uv": uv_version(),
             **{name: installed.get(name) for name in ("torch", "transformers", "triton")}}
 

@@ -31,11 +31,11 @@ def pick_device(requested: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def pick_attention(cfg: TrainConfig, device: torch.device, *, training: bool = True):
+def pick_attention(cfg: TrainConfig, device: torch.device):
     backend = cfg.attention
     if backend == "auto":
         backend = "flex" if device.type == "cuda" else "sdpa"
-    if backend == "flex" and device.type == "cpu" and training:
+    if backend == "flex" and device.type == "cpu":
         raise TrainerInputError("flex_attention has no backward on CPU (HAZARDS.md H7); use --attention sdpa")
     return backend, BACKENDS[backend]
 
@@ -87,7 +87,6 @@ class Trainer:
         self.step_count = 0
         self.first_loss: float | None = None
         self.recent_losses: list[float] = []  # the summary's end loss is their mean: one batch is noisy
-        self.last_row: dict = {}
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self._metrics = None
         if resume:
@@ -216,7 +215,6 @@ class Trainer:
             self._metrics = self.metrics_path.open("a")
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        self.last_row = row
 
     def _log_eval(self, row: dict) -> None:
         self._write(row)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -73,6 +71,3 @@ def weighted_block_loss(hidden: torch.Tensor, head_weight: torch.Tensor, labels:
                                    flat_weights[part], use_reentrant=False)
     return total / flat_weights.sum().clamp(min=1e-6)
 
-
-def expected_initial_loss(vocab_size: int) -> float:
-    return math.log(vocab_size)

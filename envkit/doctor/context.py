@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envkit.installed import Distribution, installed_distributions
@@ -19,6 +20,7 @@ class Context:
     environ: dict[str, str]
     deep: bool = False
     files_checked: int = 0  # set by the RECORD check, for its summary line
+    _records: dict = field(default_factory=dict, repr=False)  # dist-info path -> RECORD rows
 
     @functools.cached_property
     def site_packages(self) -> Path:
@@ -34,6 +36,16 @@ class Context:
         for dist in self.distributions:
             grouped.setdefault(dist.name, []).append(dist)
         return grouped
+
+    def record_rows(self, dist: Distribution) -> list[list[str]]:
+        """A distribution's RECORD as CSV rows, read once per run ([] when unreadable)."""
+        if dist.dist_info not in self._records:
+            try:
+                with dist.record_path().open(newline="") as handle:
+                    self._records[dist.dist_info] = list(csv.reader(handle))
+            except OSError:
+                self._records[dist.dist_info] = []
+        return self._records[dist.dist_info]
 
     @functools.cached_property
     def python_version(self) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -31,12 +30,7 @@ def _file_digest(path: Path) -> str | None:
 
 def _record_entries(ctx: Context, dist) -> list[tuple[str, Path, str]]:
     entries = []
-    try:
-        with dist.record_path().open(newline="") as handle:
-            rows = list(csv.reader(handle))
-    except OSError:
-        return entries
-    for row in rows:
+    for row in ctx.record_rows(dist):
         if len(row) < 2 or not row[1].startswith("sha256="):
             continue
         relative = row[0]
@@ -80,12 +74,8 @@ def pth_owners(ctx: Context) -> dict[str, str]:
     """Which distribution's RECORD lists each top-level .pth file."""
     owners = {}
     for dist in ctx.distributions:
-        try:
-            text = dist.record_path().read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            path = line.split(",", 1)[0]
+        for row in ctx.record_rows(dist):
+            path = row[0] if row else ""
             if path.endswith(".pth") and "/" not in path:
                 owners[path] = dist.name
     return owners
