@@ -1,8 +1,12 @@
 # The two set-up commands of a fresh machine: `make demo` and `make test`.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
-# The test process imports torch for the trainer's unit tests: the cpu profile's versions.
-TEST_TRAIN_PINS := torch==2.13.0 transformers==5.6.0 numpy
+# The test process imports torch for the trainer's unit tests (the cpu profile's torch) and loads exports
+# with Z Lab's reference `dflash`, whose model module needs a transformers with
+# DynamicCache.activate_past_recording (5.15); the managed cpu venv keeps its locked 5.6.0, so an export
+# made there is read by another transformers, as a serving engine would.
+TEST_TRAIN_PINS := torch==2.13.0 transformers==5.15.0 numpy
+REFERENCE_DFLASH := dflash==0.1.0
 
 .PHONY: install demo test test-fast bench
 
@@ -16,6 +20,7 @@ demo: install
 
 test:
 	$(PIP) install -q -e '.[dev]' $(TEST_TRAIN_PINS)
+	$(PIP) install -q --no-deps $(REFERENCE_DFLASH)
 	$(PYTHON) -m pytest -q -ra
 
 test-fast:

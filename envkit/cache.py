@@ -22,10 +22,11 @@ from pathlib import Path
 from filelock import FileLock
 
 from envkit import paths
-from envkit.doctor.cachechecks import permission_problem
+from envkit.cachetrust import permission_problem, read_json_file, tree_problems
 from envkit.doctor.findings import Finding, Status
 from envkit.errors import CacheError
 from envkit.installed import installed_versions
+from envkit.trainer_process import run_trainer, trainer_args, trainer_env, trainer_failure
 from envkit.venv import Venv, write_json_atomic
 
 FINGERPRINT = "fingerprint.json"
@@ -44,44 +45,9 @@ def trainer_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
-    """The environment the trainer runs with: the bundled trainer importable, the private cache dirs."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(paths.trainer_root())
-    env["PYTHONUNBUFFERED"] = "1"
-    if cache_dir is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
-        env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
-    return env
-
-
-def _trainer_args(preset: str | None, config: str | None) -> list[str]:
-    return ["--config", str(Path(config).resolve())] if config else ["--preset", preset or "tiny"]
-
-
-def _run_trainer(venv: Venv, args: list[str], env: dict[str, str], *, timeout: float | None = None):
-    proc = subprocess.run([str(venv.python), "-m", "trainer", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
-    if proc.returncode != 0:
-        raise _trainer_failure(venv, args, proc.stderr)
-    return proc
-
-
-def _trainer_failure(venv: Venv, args: list[str], stderr: str) -> CacheError:
-    if "No module named 'torch'" in stderr:
-        return CacheError(f"{venv.path} has no torch; the compile cache needs the trainer's environment: "
-                          f"`envkit create --profile cpu` (or cuda) and pass its --venv")
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    error = next((line for line in reversed(lines) if line.startswith("Error: ")), None)
-    if error:
-        return CacheError(error.removeprefix("Error: "))
-    tail = "\n  ".join(lines[-8:])
-    return CacheError(f"`python -m trainer {args[0]}` failed in {venv.path}:\n  {tail}")
-
-
 def describe(venv: Venv, preset: str | None, config: str | None) -> dict:
     """The trainer's own account of versions, device and config, from the venv's interpreter."""
-    return json.loads(_run_trainer(venv, ["describe", *_trainer_args(preset, config)], trainer_env(venv, None),
+    return json.loads(run_trainer(venv, ["describe", *trainer_args(preset, config)], trainer_env(venv, None),
                                    timeout=300).stdout)
 
 
@@ -103,17 +69,30 @@ def compile_root() -> Path:
 
 
 def ensure_private_dir(path: Path) -> None:
-    """Create `path` (and the compile root) 0700; refuse one that others own or can write."""
+    """Create `path` (and the compile root) 0700; refuse one with any entry others own or can write, or a link."""
     try:
         for directory in (compile_root(), path, *(path / sub for sub in CACHE_SUBDIRS)):
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            problem = permission_problem(directory)
-            if problem:
-                raise CacheError(f"compile cache dir {directory} is {problem}; fix with `chmod -R go-rwx {directory}` "
-                                 f"(if it is yours) or set ENVKIT_CACHE_DIR to a private dir")
+            if not directory.is_symlink():
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if directory == compile_root():
+                # The root may be a link the user made (a cache on another disk); what is under it may not.
+                problem = permission_problem(directory.resolve())
+                if problem:
+                    raise CacheError(f"compile cache dir {directory} is {problem}; fix with `chmod -R go-rwx "
+                                     f"{directory}` (if it is yours) or set ENVKIT_CACHE_DIR to a private dir")
+        problems = tree_problems(path)
+        if problems:
+            raise CacheError(untrusted_message(path, problems))
     except OSError as exc:
         raise CacheError(f"cannot create the compile cache at {path}: {exc.strerror}; set ENVKIT_CACHE_DIR to a "
                          f"writable dir") from None
+
+
+def untrusted_message(cache_dir: Path, problems: dict[str, str]) -> str:
+    named = "; ".join(f"{name}: {why}" for name, why in list(problems.items())[:3])
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return (f"compile cache {cache_dir} cannot be trusted: {named}{more}; if every file is yours, "
+            f"`chmod -R go-w {cache_dir}` and remove the links, else `rm -rf {cache_dir}` and run `envkit warm-cache`")
 
 
 # -- fingerprint ---------------------------------------------------------------------------------
@@ -126,13 +105,18 @@ def _sha256(path: Path) -> str:
 
 
 def scan(cache_dir: Path) -> dict[str, tuple[int, str]]:
-    """{relative path: (size, sha256)} of every file under inductor/ and triton/."""
+    """{relative path: (size, sha256)} of every regular file under inductor/ and triton/ (links not followed)."""
     files = {}
     for sub in CACHE_SUBDIRS:
-        for path in sorted((cache_dir / sub).rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                files[str(path.relative_to(cache_dir))] = (path.stat().st_size, _sha256(path))
-    return files
+        root = cache_dir / sub
+        if root.is_symlink():
+            continue  # reported by tree_problems; never followed
+        for directory, _dirs, names in os.walk(root, followlinks=False):
+            for name in names:
+                path = Path(directory) / name
+                if path.is_file() and not path.is_symlink():
+                    files[str(path.relative_to(cache_dir))] = (path.lstat().st_size, _sha256(path))
+    return dict(sorted(files.items()))
 
 
 def files_digest(files: dict[str, tuple[int, str]]) -> str:
@@ -142,12 +126,14 @@ def files_digest(files: dict[str, tuple[int, str]]) -> str:
 
 def read_fingerprint(cache_dir: Path) -> dict | None:
     path = cache_dir / FINGERPRINT
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data.get("files"), list) or "digest" not in data:
+        data = read_json_file(path)
+        if not isinstance(data, dict) or not isinstance(data.get("files"), list) or "digest" not in data:
             raise ValueError("missing files or digest")
+        if not all(isinstance(row, list) and len(row) == 3 for row in data["files"]):
+            raise ValueError("malformed files table")
         return data
     except (OSError, ValueError) as exc:
         raise CacheError(f"{path} is corrupted ({exc}); its cache cannot be trusted: remove {cache_dir} and run "
@@ -163,23 +149,34 @@ class Verification:
     changed: tuple[str, ...] = ()
     added: tuple[str, ...] = ()  # growth: new entries torch wrote since, not a trust problem
     key_differs: dict = field(default_factory=dict)  # part -> [fingerprinted, now]
+    # Entries torch could load that no fingerprint can vouch for: links, FIFOs, others' or writable files.
+    untrusted: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return self.fingerprinted and not self.removed and not self.changed and not self.key_differs
+        return (self.fingerprinted and not self.removed and not self.changed and not self.key_differs
+                and not self.untrusted)
+
+    @property
+    def tampered(self) -> bool:
+        return bool(self.removed or self.changed or self.untrusted)
 
 
 def compare(cache_dir: Path, fingerprint: dict) -> Verification:
     recorded = {p: (s, h) for p, s, h in fingerprint["files"]}
-    current = scan(cache_dir)
+    untrusted = tree_problems(cache_dir)
+    current = scan(cache_dir) if "." not in untrusted else {}
     return Verification(
         str(cache_dir), fingerprint.get("env_key", cache_dir.name), True,
         removed=tuple(sorted(set(recorded) - set(current))),
         changed=tuple(sorted(p for p in set(recorded) & set(current) if recorded[p] != current[p])),
-        added=tuple(sorted(set(current) - set(recorded))))
+        added=tuple(sorted(set(current) - set(recorded))), untrusted=untrusted)
 
 
 def write_fingerprint(cache_dir: Path, parts: dict, buckets: list[int], counters: dict, venv: Venv) -> dict:
+    problems = tree_problems(cache_dir)
+    if problems:  # never vouch for what cannot be verified
+        raise CacheError(untrusted_message(cache_dir, problems))
     files = scan(cache_dir)
     manifest = venv.manifest() or {}
     fingerprint = {
@@ -233,7 +230,7 @@ def _stream_warmup(venv: Venv, args: list[str], env: dict[str, str], quiet: bool
             print(file=sys.stderr)
         if proc.returncode != 0 or final is None:
             errors.seek(0)
-            raise _trainer_failure(venv, ["warmup"], errors.read())
+            raise trainer_failure(venv, ["warmup"], errors.read())
     return final
 
 
@@ -243,8 +240,8 @@ def _check_trusted(cache_dir: Path) -> None:
     if fingerprint is None:
         return
     result = compare(cache_dir, fingerprint)
-    if result.removed or result.changed:
-        named = ", ".join((result.changed + result.removed)[:3])
+    if result.tampered:
+        named = ", ".join((result.changed + result.removed + tuple(result.untrusted))[:3])
         raise CacheError(f"{cache_dir} changed since it was fingerprinted ({named}); it cannot be trusted: "
                          f"remove it (`rm -rf {cache_dir}`) and run `envkit warm-cache` again")
 
@@ -258,7 +255,7 @@ def warm(venv: Venv, preset: str | None = None, config: str | None = None, *, qu
     ensure_private_dir(cache_dir)
     with FileLock(str(cache_dir.with_suffix(".lock"))):
         _check_trusted(cache_dir)
-        args = _trainer_args(preset, config) + (["--export", str(export)] if export else [])
+        args = trainer_args(preset, config) + (["--export", str(export)] if export else [])
         final = _stream_warmup(venv, args, trainer_env(venv, cache_dir), quiet)
         # The fingerprint is written last: an interrupted warm-up leaves none, and the next run continues.
         fingerprint = write_fingerprint(cache_dir, parts, final["buckets"], final["counters"], venv)
@@ -288,6 +285,13 @@ def _fingerprints() -> list[tuple[Path, dict | None]]:
     return found
 
 
+def _mentions(path: Path, text: str) -> bool:
+    try:
+        return path.is_file() and not path.is_symlink() and text.encode() in path.read_bytes()[: 64 << 20]
+    except OSError:
+        return False
+
+
 def _closest_key_difference(parts: dict, venv: Venv) -> dict:
     """For a cold cache: which key parts differ from a cache this venv warmed before (why it is cold)."""
     for _cache_dir, fingerprint in _fingerprints():
@@ -301,7 +305,10 @@ def _closest_key_difference(parts: dict, venv: Venv) -> dict:
 def doctor_findings(venv: Venv) -> list[Finding]:
     """cache.fingerprint, read from outside (no torch import): fingerprints this venv made, re-hashed."""
     fix = f"envkit warm-cache --venv {venv.path}"
-    mine = [(d, f) for d, f in _fingerprints() if f is None or f.get("venv") == str(venv.path)]
+    # A corrupted fingerprint names no venv for sure: it is this venv's only if its bytes name this venv
+    # (an unrelated broken cache must not fail every venv's doctor; `envkit cache ls` shows it).
+    mine = [(d, f) for d, f in _fingerprints()
+            if (f is None and _mentions(d / FINGERPRINT, str(venv.path))) or (f and f.get("venv") == str(venv.path))]
     if not mine:
         return [Finding("cache.fingerprint", Status.WARN, str(compile_root()),
                         "no fingerprinted compile cache for this venv: the first steps of every bucket compile cold",
@@ -317,11 +324,12 @@ def doctor_findings(venv: Venv) -> list[Finding]:
                                     f"rm -rf {cache_dir} && {fix}"))
             continue
         result = compare(cache_dir, fingerprint)
-        if result.changed or result.removed:
-            named = ", ".join(result.changed[:2] + result.removed[:2])
+        if result.tampered:
+            named = ", ".join(result.changed[:2] + result.removed[:2] + tuple(result.untrusted)[:2])
             findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
-                                    f"{len(result.changed)} changed and {len(result.removed)} removed files since "
-                                    f"fingerprinted ({named}): corruption or tampering", f"rm -rf {cache_dir} && {fix}"))
+                                    f"{len(result.changed)} changed, {len(result.removed)} removed and "
+                                    f"{len(result.untrusted)} unverifiable entries since fingerprinted ({named}): "
+                                    f"corruption or tampering", f"rm -rf {cache_dir} && {fix}"))
             continue
         old = fingerprint.get("key_parts", {})
         stale = {k: (old.get(k), v) for k, v in now.items() if k in old and old.get(k) != v}
@@ -376,10 +384,18 @@ def import_(venv: Venv, source: Path, preset: str | None = None, config: str | N
         _check_trusted(cache_dir)
         blob_path = Path(tmp) / EXPORT_BLOB
         blob_path.write_bytes(blob)
-        _run_trainer(venv, ["load-cache", str(blob_path)], trainer_env(venv, cache_dir))
+        run_trainer(venv, ["load-cache", str(blob_path)], trainer_env(venv, cache_dir))
         fingerprint = write_fingerprint(cache_dir, parts, header["buckets"], {}, venv)
     return {"cache_dir": str(cache_dir), "env_key": key, "files": len(fingerprint["files"]),
             "fingerprint": fingerprint["digest"], "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _tree_size(root: Path) -> int:
+    """Bytes of the regular files under root, links neither followed nor counted."""
+    if root.is_symlink():
+        return 0
+    return sum(entry.stat(follow_symlinks=False).st_size for directory, _d, names in os.walk(root)
+               for entry in (Path(directory) / name for name in names) if entry.is_file() and not entry.is_symlink())
 
 
 def list_caches() -> list[dict]:
@@ -389,7 +405,7 @@ def list_caches() -> list[dict]:
             fingerprint = read_fingerprint(cache_dir)
         except CacheError:
             fingerprint = {"corrupted": True}
-        size = sum(f.stat().st_size for f in cache_dir.rglob("*") if f.is_file())
+        size = _tree_size(cache_dir)
         fingerprint = fingerprint or {}
         rows.append({"env_key": cache_dir.name, "path": str(cache_dir), "bytes": size,
                      "preset": fingerprint.get("key_parts", {}).get("preset"), "venv": fingerprint.get("venv"),

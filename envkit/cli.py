@@ -115,7 +115,7 @@ def lock_command(profile_name, lock_path, find_links, offline, no_index, check, 
 @click.option("--venv", "venv_path", type=click.Path(file_okay=False), metavar="PATH",
               help="Where the venv goes (default: $ENVKIT_HOME/venvs/<profile>).")
 @with_sources
-@click.option("--force", is_flag=True, help="Rebuild even if the venv matches the lock; replace a foreign dir.")
+@click.option("--force", is_flag=True, help="Rebuild even if the venv matches the lock (only venvs envkit made are ever replaced).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def create_command(profile_name, lock_path, venv_path, find_links, offline, no_index, force, as_json):
     """Build a fresh venv from a hash-pinned lock profile, atomically.
@@ -373,6 +373,32 @@ def runs_command(runs_dir, as_json):
         ktoks = row["tokens_per_s"] / 1000 if row["tokens_per_s"] is not None else None
         click.echo(f"{row['name']:32} {row['status']:12} {fmt(row['step'], '>6')} {fmt(row['loss'], '>8.4f')} "
                    f"{fmt(ktoks, '>7.1f')} {fmt(row['acceptance_length'], '>5.2f')} {fmt(row['cache_hits'], '>5')}")
+
+
+@main.command("export")
+@click.argument("run")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="Directory to create; refused when not empty unless --force.")
+@click.option("--force", is_flag=True, help="Replace a previous export at DIR (never a directory envkit did not write).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="Weights dtype (default: the training dtype).")
+@click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR")
+@click.option("--json", "as_json", is_flag=True)
+def export_command(run, out_dir, force, dtype, runs_dir, as_json):
+    """Write a run's drafter in the DFlash format that SGLang, vLLM and `dflash` load.
+
+    RUN is a name from `envkit runs` or a run directory. DIR gets config.json (Qwen3 config with
+    dflash_config), model.safetensors and, for a random target, target/ (the target as trained against).
+    """
+    from envkit.export import export
+
+    result = export(run, Path(out_dir), force=force, dtype=dtype, runs_dir=Path(runs_dir) if runs_dir else None)
+    if as_json:
+        return _print_json(result)
+    target = f"{result['out']}/target" if result["target"] == "target/" else result["target"]
+    click.echo(f"exported {result['out']} (step {result['step']}; target {target})")
+    click.echo(f"  serve: python -m sglang.launch_server --model-path {target} --speculative-algorithm DFLASH "
+               f"--speculative-draft-model-path {result['out']}")
 
 
 @main.command("logs")

@@ -22,6 +22,7 @@ from envkit.lock import source_args
 from envkit.profile import Profile
 from envkit.progress import Phases
 from envkit.uvtool import run_uv, uv_version
+from envkit.fsops import exchange
 from envkit.venv import Venv, write_json_atomic
 
 
@@ -61,12 +62,20 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _remove_stale_temps(venv_path: Path) -> None:
-    """Temp dirs of a create that was killed outright; safe because we hold the venv's lock."""
+def _recover_interrupted(venv_path: Path) -> None:
+    """Clean up after a create that was killed outright; safe because we hold the venv's lock.
+
+    A half-built temp dir is removed. A moved-aside old venv is put back when nothing took its
+    place (killed between the two renames of a swap without renameat2), and removed only once a
+    venv stands at the path.
+    """
     for stale in venv_path.parent.glob(_temp_prefix(venv_path) + "*"):
         shutil.rmtree(stale, ignore_errors=True)
-    for stale in venv_path.parent.glob(f".{venv_path.name}.old-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    for old in sorted(venv_path.parent.glob(f".{venv_path.name}.old-*")):
+        if not venv_path.exists() and not venv_path.is_symlink():
+            os.rename(old, venv_path)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def is_current(venv: Venv, profile: Profile) -> bool:
@@ -123,19 +132,43 @@ def _python_version(venv: Venv) -> str:
 
 
 def _swap_into_place(temp: Path, target: Path) -> None:
-    """Rename the finished venv into place; the old one is moved aside first and removed after."""
-    old = None
-    if target.exists() or target.is_symlink():
-        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        os.rename(target, old)
+    """Put the finished venv at `target`; at no moment is the path without a venv.
+
+    With an old venv there, the two are exchanged in one renameat2(RENAME_EXCHANGE) and the old one,
+    now at the temp name, is removed. Where the kernel or filesystem lacks that, the old venv is
+    renamed aside first; a kill between the two renames is undone by the next create.
+    """
+    if not (target.exists() or target.is_symlink()):
+        os.rename(temp, target)
+        return
+    if exchange(temp, target):
+        shutil.rmtree(temp, ignore_errors=True)
+        return
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+    os.rename(target, old)
     try:
         os.rename(temp, target)
     except BaseException:
-        if old is not None:
-            os.rename(old, target)
+        os.rename(old, target)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_replaceable(venv: Venv) -> None:
+    """create replaces only what it made: an envkit venv, or an empty directory. Never a user's files."""
+    path = venv.path
+    if path.is_symlink():
+        raise VenvError(f"{path} is a symlink; envkit does not replace links: give the real path with --venv")
+    if not path.is_dir():
+        raise VenvError(f"{path} exists and is not a directory; choose another --venv")
+    if not any(path.iterdir()):
+        return
+    if not venv.is_venv():
+        raise VenvError(f"{path} exists, is not empty and is not a venv; envkit will not delete it, even with "
+                        f"--force: choose another --venv or move it away yourself")
+    if venv.manifest() is None:
+        raise VenvError(f"{path} is a venv that envkit did not make (no {venv.manifest_path.name}); envkit will not "
+                        f"delete it, even with --force: choose another --venv or remove it yourself")
 
 
 def create(profile_name: str | None = None, lock_path: str | None = None, venv_path: str | Path | None = None, *,
@@ -151,14 +184,10 @@ def create(profile_name: str | None = None, lock_path: str | None = None, venv_p
     phases = Phases(total=4, quiet=quiet)
 
     with FileLock(str(lock_file_for(target))), _sigterm_as_interrupt():
-        _remove_stale_temps(target)
-        existed = target.exists()
+        _recover_interrupted(target)
+        existed = target.exists() or target.is_symlink()
         if existed:
-            if not force and venv.is_venv() and venv.manifest() is None:
-                raise VenvError(f"{target} exists and was not made by envkit; choose another --venv or pass --force "
-                                f"to replace it")
-            if not force and not venv.is_venv():
-                raise VenvError(f"{target} exists and is not a venv; choose another --venv or pass --force to replace it")
+            _check_replaceable(venv)
             if not force and is_current(venv, profile):
                 phases.say(f"{target} already matches lock {profile.lock_digest[:12]}; nothing to do (--force rebuilds)")
                 return CreateResult(target, profile.name, profile.lock_digest, "unchanged", len(profile.packages),

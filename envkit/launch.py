@@ -26,6 +26,7 @@ from envkit.errors import RunError
 from envkit.installed import installed_versions
 from envkit.progress import Phases
 from envkit.uvtool import uv_version
+from envkit.trainer_process import trainer_env
 from envkit.venv import Venv, write_json_atomic
 
 RUN_JSON = "run.json"
@@ -214,7 +215,7 @@ def supervise(run_dir: Path, *, echo: bool) -> dict:
     """Run the recorded command, tee its output to train.log, forward signals, record the end."""
     record = read_run(run_dir)
     venv = Venv(Path(record["venv"]))
-    env = cache.trainer_env(venv, Path(record["cache_dir"]))
+    env = trainer_env(venv, Path(record["cache_dir"]))
     with (run_dir / LOG).open("ab") as log:
         proc = subprocess.Popen(record["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # signals reach it only through us, once
@@ -247,9 +248,12 @@ def describe_summary(record: dict, run_dir: Path) -> str:
         verdict = "beats both baselines" if summary["beats_baselines"] else \
             "does NOT beat both baselines: nothing worth reporting was learned"
         lines += [
+            f"  acceptance length (greedy decoding walk, {summary.get('walk_prompts')} held-out prompts, lossless): "
+            f"{summary['walk_tau']:.2f} (repeat-anchor {summary['walk_repeat_tau']:.2f}, copy "
+            f"{summary['walk_copy_tau']:.2f}: {verdict})",
+            f"  teacher-forced acceptance length {summary['tau_start']:.2f} -> {summary['tau_end']:.2f} "
+            f"(repeat-anchor {summary['baseline_repeat_tau']:.2f}, copy {summary['baseline_copy_tau']:.2f})",
             f"  loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}",
-            f"  acceptance length {summary['tau_start']:.2f} -> {summary['tau_end']:.2f} (repeat-anchor "
-            f"{summary['baseline_repeat_tau']:.2f}, copy {summary['baseline_copy_tau']:.2f}: {verdict})",
             f"  {summary['tokens_per_s'] / 1000:.1f} Ktok/s, eager fallbacks {summary['eager_fallbacks']}, "
             f"recompiles {summary['recompiles']}, inductor cache hits {summary['fxgraph_cache_hit']} / misses "
             f"{summary['fxgraph_cache_miss']}",

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from envkit import paths
 from envkit.errors import ProfileError
@@ -20,6 +23,11 @@ else:  # pragma: no cover
 
 
 DEFAULT_PLATFORM = "x86_64-manylinux_2_28"
+# A lock is data handed to uv: every field is checked against these before any tool reads it.
+PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # also a file and directory name
+PACKAGE_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)  # PEP 508
+SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
+PLAIN_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+*<>=!~,-]{0,63}$")  # python request, backend, platform
 
 
 @dataclass(frozen=True)
@@ -73,11 +81,20 @@ def resolve_profile_path(name: str | None, lock_path: str | Path | None) -> Path
             raise ProfileError(f"lock file {path} does not exist; give an existing file to --lock")
         return path
     name = name or "cpu"
+    check_profile_name(name, "--profile")
     path = paths.lockfiles_dir() / f"{name}.toml"
     if not path.is_file():
         known = ", ".join(known_profiles()) or "none"
         raise ProfileError(f"unknown profile {name!r} (known: {known}); or give a file with --lock PATH")
     return path
+
+
+def check_profile_name(name: str, where: str) -> str:
+    """A profile name names a file in lockfiles/ and a venv dir: a plain name, nothing that walks paths."""
+    if not isinstance(name, str) or not PROFILE_NAME.match(name):
+        raise ProfileError(f"{where}: profile name {name!r} must be letters, digits, '-' or '_' (at most 64, "
+                           f"starting with a letter or digit)")
+    return name
 
 
 def load(name: str | None = None, lock_path: str | Path | None = None) -> Profile:
@@ -103,26 +120,76 @@ def _require(table: dict, key: str, kind: type, where: str, path: Path):
     return value
 
 
+def _package(entry, where: str, path: Path) -> LockedPackage:
+    if not isinstance(entry, dict):
+        raise ProfileError(f"{path}: {where} must be a table")
+    name = _require(entry, "name", str, where, path)
+    if not PACKAGE_NAME.match(name):
+        raise ProfileError(f"{path}: {where}: {name!r} is not a package name; run `envkit lock --lock {path}`")
+    version = _require(entry, "version", str, where, path)
+    try:
+        Version(version)
+        if any(c.isspace() for c in version):  # Version() accepts surrounding whitespace; a requirements line must not
+            raise InvalidVersion(version)
+    except InvalidVersion:
+        raise ProfileError(f"{path}: {where} ({name}): {version!r} is not a version; run `envkit lock --lock "
+                           f"{path}`") from None
+    hashes = _require(entry, "hashes", list, where, path)
+    if not hashes or not all(isinstance(h, str) and SHA256.match(h) for h in hashes):
+        raise ProfileError(f"{path}: {where} ({name}) needs hashes of the form sha256:<64 hex digits>; run "
+                           f"`envkit lock --lock {path}`")
+    return LockedPackage(canonicalize_name(name), version, tuple(sorted(hashes)))
+
+
+def _plain(table: dict, key: str, path: Path, default: str | None) -> str | None:
+    value = table.get(key, default)
+    if value is not None and (not isinstance(value, str) or not PLAIN_VALUE.match(value)):
+        raise ProfileError(f"{path}: [profile].{key} = {value!r} is not a plain value (letters, digits, . + - and "
+                           f"version operators)")
+    return value
+
+
+def _check_requirements(requirements: list, packages: list[LockedPackage], path: Path) -> None:
+    """Every requirement is valid and satisfied by the lock's own package table (a cut lock is refused)."""
+    locked = {p.name: p for p in packages}
+    for line in requirements:
+        try:
+            requirement = Requirement(line) if isinstance(line, str) else None
+        except InvalidRequirement as exc:
+            requirement, why = None, str(exc)
+        else:
+            why = "not a string"
+        if requirement is None:
+            raise ProfileError(f"{path}: requirement {line!r} is invalid ({why})")
+        if locked and requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        package = locked.get(canonicalize_name(requirement.name))
+        if locked and package is None:
+            raise ProfileError(f"{path}: the requirement {line!r} has no [[package]] entry: the lock is incomplete "
+                               f"(cut or edited); run `envkit lock --lock {path}` or restore the file")
+        if package and not requirement.specifier.contains(package.version, prereleases=True):
+            raise ProfileError(f"{path}: {package.name} {package.version} in [[package]] does not satisfy the "
+                               f"requirement {line!r}; run `envkit lock --lock {path}`")
+
+
 def parse(data: dict, path: Path) -> Profile:
     table = data.get("profile")
     if not isinstance(table, dict):
         raise ProfileError(f"{path}: no [profile] table; see lockfiles/cpu.toml for the format")
     requirements = _require(table, "requirements", list, "[profile]", path)
-    packages = []
-    for index, entry in enumerate(data.get("package", [])):
-        where = f"[[package]] #{index + 1}"
-        name = _require(entry, "name", str, where, path)
-        version = _require(entry, "version", str, where, path)
-        hashes = _require(entry, "hashes", list, where, path)
-        if not hashes or not all(isinstance(h, str) and h.startswith("sha256:") for h in hashes):
-            raise ProfileError(f"{path}: {where} ({name}) needs sha256 hashes; run `envkit lock --lock {path}`")
-        packages.append(LockedPackage(canonicalize_name(name), version, tuple(sorted(hashes))))
+    entries = data.get("package", [])
+    if not isinstance(entries, list):
+        raise ProfileError(f"{path}: `package` must be an array of tables ([[package]])")
+    packages = [_package(entry, f"[[package]] #{index + 1}", path) for index, entry in enumerate(entries)]
+    if len({p.name for p in packages}) != len(packages):
+        raise ProfileError(f"{path}: a package appears twice in [[package]]; run `envkit lock --lock {path}`")
+    _check_requirements(requirements, packages, path)
     return Profile(
-        name=_require(table, "name", str, "[profile]", path),
+        name=check_profile_name(_require(table, "name", str, "[profile]", path), f"{path}: [profile].name"),
         description=table.get("description", ""),
-        python=_require(table, "python", str, "[profile]", path),
-        torch_backend=table.get("torch-backend"),
-        platform=table.get("platform", DEFAULT_PLATFORM),
+        python=_plain(table, "python", path, None) or _require(table, "python", str, "[profile]", path),
+        torch_backend=_plain(table, "torch-backend", path, None),
+        platform=_plain(table, "platform", path, DEFAULT_PLATFORM),
         requirements=tuple(requirements),
         generated_by=table.get("generated-by", ""),
         packages=tuple(sorted(packages, key=lambda p: p.name)),

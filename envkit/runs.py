@@ -37,8 +37,8 @@ def _metrics(run_dir: Path) -> tuple[dict, dict]:
             row = json.loads(line)
         except ValueError:
             continue  # a line being written right now
-        if row.get("eval"):
-            last_eval = row
+        if row.get("eval") and ("walk_tau" in row or "walk_tau" not in last_eval):
+            last_eval = row  # a walk row, once there is one, wins over teacher-forced rows
         elif "loss" in row:
             last_step = row
     return last_step, last_eval
@@ -65,7 +65,8 @@ def list_runs(runs_dir: Path | None = None) -> list[dict]:
         rows.append({"name": record["name"], "status": status_of(record), "started_at": record.get("started_at"),
                      "step": last_step.get("step"), "loss": last_step.get("loss"),
                      "tokens_per_s": last_step.get("tokens_per_s"),
-                     "acceptance_length": last_eval.get("acceptance_length"),
+                     "acceptance_length": last_eval.get("walk_tau", last_eval.get("acceptance_length")),
+                     "tau_method": last_eval.get("method"),
                      "cache_hits": summary.get("fxgraph_cache_hit"), "cache_misses": summary.get("fxgraph_cache_miss"),
                      "run_dir": str(run_dir)})
     return rows

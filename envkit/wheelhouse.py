@@ -26,7 +26,11 @@ def _pip_config_files() -> list[Path]:
 
 
 def _split(value: str) -> list[str]:
-    return [part for part in value.replace(os.pathsep, " ").split() if part]
+    """Whitespace-separated entries; a local entry may also hold os.pathsep-separated paths, a URL never."""
+    parts = []
+    for entry in value.split():
+        parts += [entry] if "://" in entry else [p for p in entry.split(os.pathsep) if p]
+    return parts
 
 
 def pip_find_links() -> list[str]:

@@ -222,8 +222,12 @@ def _save_tokenizer(path: Path, *, with_mask: bool) -> Path:
 def test_tokenizer_without_mask_token(tmp_path):
     tokenizer = _save_tokenizer(tmp_path / "tok", with_mask=False)
     data = write_jsonl(tmp_path / "c.jsonl", [{"conversations": [{"role": "user", "content": "w1 w2"}]}])
-    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--data", str(data), "--tokenizer", str(tokenizer))
-    assert proc.returncode == 1 and "no mask token" in proc.stderr
+    # Every embedding row is a text token: no row is left to serve as MASK.
+    config = tmp_path / "full.json"
+    config.write_text(json.dumps({"target": {"vocab_size": 64}}))
+    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--config", str(config), "--data", str(data),
+                       "--tokenizer", str(tokenizer))
+    assert proc.returncode == 1 and "no mask token" in proc.stderr and "mask_token_id" in proc.stderr
 
 
 def test_conversations_train_on_assistant_tokens(tmp_path):

@@ -28,6 +28,14 @@ def _config(args) -> TrainConfig:
         cfg.data.tokenizer = args.tokenizer
     if args.skip_bad:
         cfg.data.skip_bad = True
+    if args.chat_template_kwargs:
+        try:
+            kwargs = json.loads(args.chat_template_kwargs)
+        except ValueError as exc:
+            raise TrainerInputError(f"--chat-template-kwargs is not JSON ({exc}); e.g. '{{\"enable_thinking\": false}}'")
+        if not isinstance(kwargs, dict):
+            raise TrainerInputError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+        cfg.data.chat_template_kwargs = kwargs
     cfg.__post_init__()  # re-validate after overrides
     return cfg
 
@@ -92,9 +100,9 @@ def cmd_train(args) -> int:
         return 0
     print(json.dumps(summary), flush=True)
     verdict = "beats both" if summary["beats_baselines"] else "does NOT beat both baselines: it has learned nothing worth reporting"
-    print(f"done: loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}, tau {summary['tau_start']:.2f} -> "
-          f"{summary['tau_end']:.2f} (repeat-anchor {summary['baseline_repeat_tau']:.2f}, copy "
-          f"{summary['baseline_copy_tau']:.2f}: {verdict})", flush=True)
+    print(f"done: walk tau {summary['walk_tau']:.2f} (repeat-anchor {summary['walk_repeat_tau']:.2f}, copy "
+          f"{summary['walk_copy_tau']:.2f}: {verdict}); teacher-forced tau {summary['tau_start']:.2f} -> "
+          f"{summary['tau_end']:.2f}; loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}", flush=True)
     return 0
 
 
@@ -106,7 +114,15 @@ def cmd_eval(args) -> int:
     cfg = TrainConfig.from_dict(state["config"])
     trainer = Trainer(cfg, Path(args.ckpt).parent, device=args.device, log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)
-    print(json.dumps(trainer.evaluate()))
+    print(json.dumps(trainer.evaluate_walk() if args.walk else trainer.evaluate()))
+    return 0
+
+
+def cmd_export(args) -> int:
+    """Write the DFlash serving format (config.json, model.safetensors, target/) from a checkpoint."""
+    from trainer.export import export
+
+    print(json.dumps(export(Path(args.ckpt), Path(args.out), force=args.force, dtype=args.dtype)))
     return 0
 
 
@@ -191,6 +207,9 @@ def main(argv=None) -> int:
         p.add_argument("--seed", type=int)
         p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
         p.add_argument("--skip-bad", action="store_true", help="count and skip malformed JSONL lines")
+        p.add_argument("--chat-template-kwargs", metavar="JSON",
+                       help='chat template kwargs for conversation data, e.g. \'{"enable_thinking": false}\'; '
+                            "recorded in the run and the export")
         p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
         if name == "train":
             p.add_argument("--targets", help="devices of target worker threads, e.g. cuda:0,cuda:1 or cpu")
@@ -207,10 +226,18 @@ def main(argv=None) -> int:
     p = sub.add_parser("eval")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--device")
+    p.add_argument("--walk", action="store_true",
+                   help="acceptance length by a greedy speculative decoding walk (else teacher-forced)")
+    p = sub.add_parser("export", help="write the DFlash serving format (SGLang, vLLM, dflash) from a checkpoint")
+    p.add_argument("--ckpt", required=True, help="RUN_DIR/checkpoint.pt")
+    p.add_argument("--out", required=True, help="directory to create (refused when not empty, unless --force)")
+    p.add_argument("--force", action="store_true", help="replace a previous export at --out")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="weights dtype (default: the training dtype)")
     args = parser.parse_args(argv)
     try:
         commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
-                    "load-cache": cmd_load_cache}
+                    "load-cache": cmd_load_cache, "export": cmd_export}
         return commands[args.command](args)
     except (TrainerInputError, ValueError, FileNotFoundError) as exc:
         print(f"Error: {exc}", file=sys.stderr)

@@ -23,5 +23,7 @@ def save(path: Path, state: dict) -> None:
 
 
 def load(path: Path) -> dict:
-    # weights_only=False: the checkpoint holds RNG states and the config dict (our own files).
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """Tensors, numbers, strings and containers only: a checkpoint is never a way to run code."""
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist; give the checkpoint.pt of a run")
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -17,6 +17,7 @@ class TargetConfig:
     num_kv_heads: int = 2
     head_dim: int = 32
     rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6  # the target's; the drafter's norms use it too (the served config says so)
     max_position_embeddings: int = 4096
     # Random targets are near-uniform; scaling the embeddings makes their outputs peaked enough to learn from.
     embedding_scale: float = 1.0
@@ -41,6 +42,8 @@ class DataConfig:
     # uniform tokens (a shape-faithful throughput workload: decoding with an 8B target would take hours).
     source: str = "generate"
     tokenizer: str | None = None  # for conversation JSONL; defaults to the target path
+    # Passed to the chat template (e.g. {"enable_thinking": false}): train on what will be served.
+    chat_template_kwargs: dict | None = None
     buckets: list[int] = field(default_factory=lambda: [64, 128])  # padded sequence lengths (fixed shapes)
     num_sequences: int = 512  # generated data only
     prompt_len: int = 8  # generated data: random prompt tokens before the target's continuation
@@ -69,6 +72,9 @@ class TrainConfig:
     lm_head_chunk: int = 2048  # positions per chunk of the fused LM-head cross-entropy
     log_every: int = 10
     eval_every: int = 100
+    # The decoding walk at the end of a run (and `eval --walk`): held-out prompts, new tokens per prompt.
+    walk_prompts: int = 16
+    walk_new_tokens: int = 64
     ckpt_every: int = 100
     seed: int = 0
 

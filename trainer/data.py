@@ -79,13 +79,21 @@ def _finish(raw: list[Sequence], cfg: DataConfig, block_size: int, skipped_bad: 
     return Dataset(kept, cfg.buckets, dropped_short=short, truncated=truncated, skipped_bad=skipped_bad)
 
 
-def _conversation_tokens(tokenizer, messages: list[dict]) -> Sequence:
-    """Token ids of the chat-templated conversation; loss mask on assistant tokens only."""
+def _conversation_tokens(tokenizer, messages: list[dict], template_kwargs: dict | None) -> Sequence:
+    """Token ids of the chat-templated conversation; loss mask on assistant tokens only.
+
+    Each turn's tokens are the difference between the rendered prefixes, which is only right when each
+    rendering is a prefix of the next (templates that rewrite earlier turns, such as Qwen3's thinking
+    blocks, break that): such a conversation is refused rather than mislabelled.
+    """
     ids: list[int] = []
     mask: list[int] = []
     for i, message in enumerate(messages):
-        prefix = tokenizer.apply_chat_template(messages[: i + 1], tokenize=True)
+        prefix = tokenizer.apply_chat_template(messages[: i + 1], tokenize=True, **(template_kwargs or {}))
         prefix = list(prefix if isinstance(prefix, list) else prefix["input_ids"])  # v5 returns a BatchEncoding
+        if prefix[: len(ids)] != ids:
+            raise ValueError(f"the chat template renders turn {i + 1} so that the earlier turns change (rendered "
+                             f"prefixes must extend each other); fix the conversation or the template kwargs")
         new = prefix[len(ids):]
         ids += new
         mask += [1 if message.get("role") == "assistant" else 0] * len(new)
@@ -113,7 +121,7 @@ def load_jsonl(path: str, cfg: DataConfig, block_size: int, tokenizer=None) -> D
                     if tokenizer is None:
                         raise TrainerInputError(f"{path}:{lineno}: conversation data needs a tokenizer; give "
                                                 f"--tokenizer PATH or --target PATH")
-                    raw.append(_conversation_tokens(tokenizer, row["conversations"]))
+                    raw.append(_conversation_tokens(tokenizer, row["conversations"], cfg.chat_template_kwargs))
                 else:
                     raise ValueError("expected `input_ids` or `conversations`")
             except TrainerInputError:

@@ -57,4 +57,4 @@ def summarise(scores: dict[str, list[float]]) -> dict[str, float]:
 
     return {"acceptance_length": mean(scores["drafter"]), "baseline_repeat_tau": mean(scores["repeat"]),
             "baseline_copy_tau": mean(scores["copy"]), "eval_positions": len(scores["drafter"]),
-            "tau_method": TAU_METHOD}
+            "method": "teacher_forced", "tau_method": TAU_METHOD}

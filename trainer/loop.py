@@ -10,8 +10,9 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint, data as datasets, evaluate
+from trainer import checkpoint, data as datasets, evaluate, walk
 from trainer.config import TrainConfig, target_layer_ids
+from trainer.export import weights_checksum
 from trainer.loss import block_targets, sample_anchors
 from trainer.model import BACKENDS, build_drafter
 from trainer.replica import Replica
@@ -40,15 +41,22 @@ def pick_attention(cfg: TrainConfig, device: torch.device):
     return backend, BACKENDS[backend]
 
 
-def _resolve_mask_token(cfg: TrainConfig, tokenizer) -> int:
-    if cfg.target.mask_token_id is not None:
-        return cfg.target.mask_token_id
-    if tokenizer is not None:
-        if tokenizer.mask_token_id is None:
-            raise TrainerInputError("the tokenizer has no mask token; add one to the tokenizer or set "
-                                    "target.mask_token_id in the config")
-        return tokenizer.mask_token_id
-    return cfg.target.vocab_size - 1  # presets reserve the last id
+def _resolve_mask_token(cfg: TrainConfig, tokenizer, embedding_rows: int) -> int:
+    """The config's; else the tokenizer's; else the first embedding row beyond the tokenizer (Qwen3 has none)."""
+    chosen = cfg.target.mask_token_id
+    if chosen is None and tokenizer is not None:
+        chosen = tokenizer.mask_token_id
+        if chosen is None and len(tokenizer) < embedding_rows:
+            chosen = len(tokenizer)  # a row no text token uses: the drafter learns it as MASK
+        if chosen is None:
+            raise TrainerInputError(f"no mask token: the tokenizer has none and all {embedding_rows} embedding rows "
+                                    f"are text tokens; set target.mask_token_id in the config or add a mask token "
+                                    f"to the tokenizer")
+    if chosen is None:
+        chosen = cfg.target.vocab_size - 1  # presets reserve the last id
+    if not 0 <= chosen < embedding_rows:
+        raise TrainerInputError(f"mask_token_id {chosen} is outside the target's {embedding_rows} embedding rows")
+    return chosen
 
 
 def _peak_memory(device: torch.device) -> int:
@@ -73,7 +81,12 @@ class Trainer:
         if cfg.target.path:
             sync_config_from_model(cfg.target, self.target)
         tokenizer = self._tokenizer()
-        self.mask_token_id = _resolve_mask_token(cfg, tokenizer)
+        self.tokenizer_path = str(Path(self._tokenizer_source()).absolute()) if tokenizer is not None else None
+        self.mask_token_id = _resolve_mask_token(cfg, tokenizer, self.target.get_input_embeddings().weight.shape[0])
+        # What `trainer export` needs to rebuild a random target exactly as trained against.
+        self.target_identity = None if cfg.target.path else {
+            "device_type": self.target_device.type, "dtype": str(self.dtype).removeprefix("torch."),
+            "checksum": weights_checksum(self.target)}
         self.layer_ids = cfg.drafter.target_layer_ids or target_layer_ids(cfg.target.num_layers, cfg.drafter.num_layers)
         if max(self.layer_ids) >= cfg.target.num_layers or min(self.layer_ids) < 0:
             raise TrainerInputError(f"target_layer_ids {self.layer_ids} outside the target's {cfg.target.num_layers} layers")
@@ -94,8 +107,11 @@ class Trainer:
             self.log(f"resumed from {self.out_dir / CHECKPOINT} at step {self.step_count}")
 
     # -- set-up -----------------------------------------------------------------------------------
+    def _tokenizer_source(self) -> str | None:
+        return self.cfg.data.tokenizer or (self.cfg.target.path if self.cfg.data.path else None)
+
     def _tokenizer(self):
-        source = self.cfg.data.tokenizer or (self.cfg.target.path if self.cfg.data.path else None)
+        source = self._tokenizer_source()
         if not source:
             return None
         if not Path(source).is_dir():
@@ -210,6 +226,33 @@ class Trainer:
                     scores[name] += values
         return {"step": self.step_count, "eval": True, **evaluate.summarise(scores)}
 
+    def walk_prompts(self) -> list[list[int]]:
+        """Held-out prompts: each sequence up to its first supervised token (the part the target continues)."""
+        prompts = []
+        for seq in self.eval_data.sequences[: self.cfg.walk_prompts]:
+            first = next((i for i, m in enumerate(seq.loss_mask) if m), len(seq.input_ids))
+            prompts.append(seq.input_ids[: max(1, first)])
+        return prompts
+
+    def evaluate_walk(self) -> dict:
+        """Greedy speculative decoding with the drafter and the two no-learning rules, each checked lossless."""
+        with self.monitor.excluding(), torch.no_grad():
+            replica, block = self.replica, self.cfg.drafter.block_size
+            replica.drafter.eval()
+            proposers = {
+                "drafter": walk.drafter_proposer(replica.drafter, replica.attention, replica.embed_weight,
+                                                 replica.head_weight, self.mask_token_id, self.dtype),
+                "repeat": walk.repeat_proposer(block), "copy": walk.copy_proposer(block)}
+            result = walk.evaluate_walk(self.target, proposers, self.walk_prompts(), self.cfg.walk_new_tokens, block,
+                                        self.layer_ids, self.dtype)
+        return {"step": self.step_count, "eval": True, "method": "walk", **result}
+
+    def _log_walk(self, row: dict) -> None:
+        self._write(row)
+        self.log(f"walk step {row['step']}: tau {row['walk_tau']:.2f} (repeat-anchor {row['walk_repeat_tau']:.2f}, "
+                 f"copy {row['walk_copy_tau']:.2f}) over {row['walk_prompts']} prompts x {row['walk_new_tokens']} "
+                 f"tokens, lossless ({row['walk_near_ties']} near-ties)")
+
     def _write(self, row: dict) -> None:
         if self._metrics is None:
             self._metrics = self.metrics_path.open("a")
@@ -246,15 +289,24 @@ class Trainer:
         final_eval = self.evaluate()
         self._log_eval(final_eval)
         self.save_checkpoint()
-        return self.summary(first_eval, final_eval, row)
+        final_walk = self.evaluate_walk()
+        self._log_walk(final_walk)
+        return self.summary(first_eval, final_eval, final_walk, row)
 
-    def summary(self, first_eval: dict, final_eval: dict, last_row: dict) -> dict:
+    def summary(self, first_eval: dict, final_eval: dict, final_walk: dict, last_row: dict) -> dict:
         tau = final_eval["acceptance_length"]
-        beats = tau > max(final_eval["baseline_repeat_tau"], final_eval["baseline_copy_tau"])
-        return {"summary": True, "steps": self.step_count, "loss_start": self.first_loss,
+        walk_tau = final_walk["walk_tau"]
+        beats = walk_tau > max(final_walk["walk_repeat_tau"], final_walk["walk_copy_tau"])
+        return {"summary": True, "walk_tau": walk_tau, "walk_repeat_tau": final_walk["walk_repeat_tau"],
+                "walk_copy_tau": final_walk["walk_copy_tau"], "walk_method": final_walk["walk_method"],
+                "walk_prompts": final_walk["walk_prompts"], "walk_near_ties": final_walk["walk_near_ties"],
+                "tau_method": final_eval["tau_method"],
+                "steps": self.step_count, "loss_start": self.first_loss,
                 "loss_end": round(sum(self.recent_losses) / len(self.recent_losses), 5) if self.recent_losses else None, "tau_start": first_eval["acceptance_length"], "tau_end": tau,
                 "baseline_repeat_tau": final_eval["baseline_repeat_tau"],
                 "baseline_copy_tau": final_eval["baseline_copy_tau"], "beats_baselines": beats,
+                "teacher_forced_beats_baselines": tau > max(final_eval["baseline_repeat_tau"],
+                                                            final_eval["baseline_copy_tau"]),
                 "tokens_per_s": last_row.get("tokens_per_s"), "recompiles": last_row.get("recompiles", 0),
                 "eager_fallbacks": last_row.get("eager_fallbacks", 0), **inductor_cache_counters()}
 
@@ -266,6 +318,9 @@ class Trainer:
     def state_dict(self) -> dict:
         return {**self.replica.state_dict(), "step": self.step_count, "first_loss": self.first_loss,
                 "config": self.cfg.to_dict(), "layer_ids": self.layer_ids, "mask_token_id": self.mask_token_id,
+                "export": {"dtype": str(self.dtype).removeprefix("torch."), "target": self.target_identity,
+                           "tokenizer": self.tokenizer_path,
+                           "chat_template_kwargs": self.cfg.data.chat_template_kwargs},
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
 
     def load_state_dict(self, state: dict) -> None:

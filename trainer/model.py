@@ -80,17 +80,18 @@ BACKENDS = {"sdpa": SdpaAttention, "flex": FlexAttention}
 
 
 class DrafterLayer(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, theta: float):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, theta: float,
+                 eps: float):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, head_dim, theta
-        self.input_norm = RMSNorm(hidden)
+        self.input_norm = RMSNorm(hidden, eps)
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        self.q_norm = RMSNorm(head_dim)
-        self.k_norm = RMSNorm(head_dim)
-        self.post_norm = RMSNorm(hidden)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+        self.post_norm = RMSNorm(hidden, eps)
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
@@ -120,14 +121,14 @@ class Drafter(nn.Module):
     """Predicts block slots 1..bs-1 from the anchor token and the target's tapped hidden states."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, theta: float,
-                 num_layers: int, num_taps: int, block_size: int):
+                 num_layers: int, num_taps: int, block_size: int, eps: float = 1e-6):
         super().__init__()
         self.block_size = block_size
         self.fuse = nn.Linear(num_taps * hidden, hidden, bias=False)
-        self.fuse_norm = RMSNorm(hidden)
-        self.layers = nn.ModuleList(DrafterLayer(hidden, heads, kv_heads, head_dim, intermediate, theta)
+        self.fuse_norm = RMSNorm(hidden, eps)
+        self.layers = nn.ModuleList(DrafterLayer(hidden, heads, kv_heads, head_dim, intermediate, theta, eps)
                                     for _ in range(num_layers))
-        self.final_norm = RMSNorm(hidden)
+        self.final_norm = RMSNorm(hidden, eps)
 
     def forward(self, tapped: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor, attention,
                 prepared=None) -> torch.Tensor:
@@ -152,4 +153,4 @@ def build_drafter(cfg, target_cfg, num_taps: int) -> Drafter:
     return Drafter(hidden=target_cfg.hidden_size, heads=target_cfg.num_heads, kv_heads=target_cfg.num_kv_heads,
                    head_dim=target_cfg.head_dim, intermediate=cfg.intermediate_size or target_cfg.intermediate_size,
                    theta=target_cfg.rope_theta, num_layers=cfg.num_layers, num_taps=num_taps,
-                   block_size=cfg.block_size)
+                   block_size=cfg.block_size, eps=target_cfg.rms_norm_eps)

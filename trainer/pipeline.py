@@ -262,7 +262,9 @@ class ThreadedTrainer(Trainer):
         if final_eval:
             self._log_eval(final_eval)
             self.save_checkpoint()
-            return self.summary(first_eval, final_eval, row)
+            final_walk = self.evaluate_walk()
+            self._log_walk(final_walk)
+            return self.summary(first_eval, final_eval, final_walk, row)
         return {}
 
     def _row(self, loss: float, tokens: int, seconds: float, bucket: int) -> dict:

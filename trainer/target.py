@@ -20,7 +20,7 @@ def _qwen3_config(cfg: TargetConfig):
     return Qwen3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
                        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-                       head_dim=cfg.head_dim, rope_theta=cfg.rope_theta,
+                       head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
                        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False)
 
 
@@ -51,14 +51,33 @@ def build_target(cfg: TargetConfig, *, device: str | torch.device = "cpu", dtype
     return model.eval().to(device)
 
 
+def rope_theta_of(config) -> float:
+    """RoPE theta of a transformers config; refuses scaling the drafter does not implement.
+
+    transformers 5 keeps theta in `rope_parameters`; older configs have `rope_theta` and `rope_scaling`.
+    """
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    scaling = getattr(config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type")
+    if rope_type not in (None, "default"):
+        raise TrainerInputError(f"the target uses RoPE scaling {rope_type!r}, which the drafter does not implement "
+                                f"(only default RoPE); use a target without rope scaling")
+    theta = params.get("rope_theta") or getattr(config, "rope_theta", None)
+    if not theta:
+        raise TrainerInputError("the target's config names no rope_theta (neither rope_parameters nor rope_theta)")
+    return float(theta)
+
+
 def sync_config_from_model(cfg: TargetConfig, model: nn.Module) -> None:
-    """A pretrained target's real shapes override the preset's."""
+    """A pretrained target's real shapes, RoPE and norm epsilon override the preset's."""
     config = model.config
     cfg.vocab_size, cfg.hidden_size = config.vocab_size, config.hidden_size
     cfg.intermediate_size, cfg.num_layers = config.intermediate_size, config.num_hidden_layers
     cfg.num_heads, cfg.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
     cfg.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    cfg.rope_theta = getattr(config, "rope_theta", cfg.rope_theta) or cfg.rope_theta
+    cfg.rope_theta = rope_theta_of(config)
+    cfg.rms_norm_eps = float(getattr(config, "rms_norm_eps", cfg.rms_norm_eps))
+    cfg.max_position_embeddings = getattr(config, "max_position_embeddings", cfg.max_position_embeddings)
 
 
 @torch.no_grad()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import getpass
 import os
-import stat
 import tempfile
 from pathlib import Path
 
 from envkit import paths
+from envkit.cachetrust import tree_problems
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
 
@@ -29,28 +29,25 @@ def cache_dirs_to_check(environ: dict[str, str]) -> list[Path]:
     return unique
 
 
-def permission_problem(path: Path) -> str | None:
-    """Why a cache dir is unsafe to load code and pickles from, or None if it is private."""
-    info = path.stat()
-    if info.st_uid != os.getuid():
-        return f"owned by uid {info.st_uid}, not you (uid {os.getuid()}): its owner can run code in your training"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"mode {stat.S_IMODE(info.st_mode):o} lets others write pickles and code that training will load"
-    return None
-
-
 def check_perms(ctx: Context) -> list[Finding]:
+    """Every directory and file of each cache, not only its root: torch loads from all of them."""
     findings = []
     checked = 0
-    for path in cache_dirs_to_check(ctx.environ):
-        if not path.exists():
+    for root in cache_dirs_to_check(ctx.environ):
+        if not root.exists() and not root.is_symlink():
             continue
         checked += 1
-        problem = permission_problem(path)
-        if problem:
-            findings.append(Finding("cache.perms", Status.FAIL, str(path), problem, f"chmod -R go-rwx {path}"))
+        # A root the user linked elsewhere (another disk) is judged by its target; below it, links are refused.
+        problems = tree_problems(root.resolve() if root.is_symlink() else root)
+        for name, problem in list(problems.items())[:5]:
+            path = root if name == "." else root / name
+            findings.append(Finding("cache.perms", Status.FAIL, str(path), problem,
+                                    f"chmod -R go-w {root} (and remove links), or rm -rf {path}"))
+        if len(problems) > 5:
+            findings.append(Finding("cache.perms", Status.FAIL, str(root),
+                                    f"{len(problems) - 5} more unsafe entries under this cache", f"rm -rf {root}"))
     return findings or [Finding("cache.perms", Status.OK, f"{checked} cache dirs",
-                                "every compile cache dir present is yours and private")]
+                                "every compile cache dir present is yours and private, every entry in it too")]
 
 
 def check_fingerprint(ctx: Context) -> list[Finding]:

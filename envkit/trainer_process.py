@@ -1,0 +1,50 @@
+"""The one way envkit runs the bundled trainer: `python -m trainer ...` in a venv's own interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from envkit import paths
+from envkit.errors import CacheError, EnvkitError
+from envkit.venv import Venv
+
+
+def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
+    """The environment the trainer runs with: the bundled trainer importable, the private cache dirs."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(paths.trainer_root())
+    env["PYTHONUNBUFFERED"] = "1"
+    if cache_dir is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+        env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
+    return env
+
+
+def trainer_args(preset: str | None, config: str | None) -> list[str]:
+    return ["--config", str(Path(config).resolve())] if config else ["--preset", preset or "tiny"]
+
+
+def run_trainer(venv: Venv, args: list[str], env: dict[str, str], *, timeout: float | None = None,
+                error: type[EnvkitError] = CacheError):
+    """Run to completion; a failure becomes `error` with the trainer's own `Error:` line."""
+    proc = subprocess.run([str(venv.python), "-m", "trainer", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise trainer_failure(venv, args, proc.stderr, error)
+    return proc
+
+
+def trainer_failure(venv: Venv, args: list[str], stderr: str, error: type[EnvkitError] = CacheError) -> EnvkitError:
+    if "No module named 'torch'" in stderr:
+        return error(f"{venv.path} has no torch; the trainer needs its environment: "
+                     f"`envkit create --profile cpu` (or cuda) and pass its --venv")
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    message = next((line for line in reversed(lines) if line.startswith("Error: ")), None)
+    if message:
+        return error(message.removeprefix("Error: "))
+    tail = "\n  ".join(lines[-8:])
+    return error(f"`python -m trainer {args[0]}` failed in {venv.path}:\n  {tail}")
+
+

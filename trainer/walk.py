@@ -1,0 +1,143 @@
+"""Acceptance length by a greedy speculative decoding walk, as a serving engine measures it.
+
+Per step, a proposer drafts block slots 1..B-1 after the anchor (the last accepted token); the target
+verifies the block in one forward; the accepted prefix plus the target's own next token are kept.
+tau of a prompt = mean of (accepted + 1) per target forward; the figure = mean of per-prompt taus (as
+the reference `dflash` reports it). The same walk runs the two rules that learn nothing. Every walk
+must reproduce the target's own greedy continuation: a mismatch is a bug, except at a near-tie of the
+target's two best logits, where two forwards of different length may round apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trainer.evaluate import copy_baseline
+
+WALK_METHOD = "greedy speculative decoding walk: accepted + 1 per target forward, mean of per-prompt means"
+# A mismatch whose two candidates' target logits differ by less than this is rounding, not a bug.
+NEAR_TIE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.02}
+
+
+class LosslessError(RuntimeError):
+    """A speculative walk diverged from the target's greedy decoding: the drafter's verification is broken."""
+
+
+@dataclass
+class TargetPass:
+    logits: torch.Tensor  # (T, V) float
+    context: torch.Tensor  # (1, T, taps*H): tapped states, the drafter's context features
+
+
+def target_pass(target, tokens: list[int], layer_ids: list[int]) -> TargetPass:
+    device = next(target.parameters()).device
+    out = target(input_ids=torch.tensor([tokens], device=device), output_hidden_states=True, use_cache=False)
+    # hidden_states[0] is the embedding output; decoder layer i's output is hidden_states[i + 1].
+    context = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    return TargetPass(out.logits[0].float(), context)
+
+
+def greedy_continuation(target, prompt: list[int], new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The target's own greedy decoding (full forwards, no cache) and the logits behind each choice."""
+    device = next(target.parameters()).device
+    tokens, logits = list(prompt), []
+    for _ in range(new_tokens):
+        row = target(input_ids=torch.tensor([tokens], device=device), use_cache=False).logits[0, -1].float()
+        logits.append(row)
+        tokens.append(int(row.argmax()))
+    return tokens[len(prompt):], logits
+
+
+def repeat_proposer(block_size: int):
+    def propose(tokens: list[int], context: torch.Tensor) -> list[int]:
+        return [tokens[-1]] * (block_size - 1)
+
+    return propose
+
+
+def copy_proposer(block_size: int):
+    def propose(tokens: list[int], context: torch.Tensor) -> list[int]:
+        return copy_baseline(torch.tensor(tokens), len(tokens) - 1, block_size - 1).tolist()
+
+    return propose
+
+
+def drafter_proposer(drafter, attention, embed_weight: torch.Tensor, head_weight: torch.Tensor, mask_token_id: int,
+                     dtype: torch.dtype):
+    """Draft with the trainer's drafter: context = tapped states of every position before the anchor."""
+    block_size = drafter.block_size
+
+    def propose(tokens: list[int], context: torch.Tensor) -> list[int]:
+        device = embed_weight.device
+        anchor = len(tokens) - 1
+        block = torch.tensor([[tokens[-1]] + [mask_token_id] * (block_size - 1)], device=device)  # (1, bs)
+        anchors = torch.tensor([[anchor]], device=device)  # (1, 1)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            hidden = drafter(context[:, :anchor].to(device, dtype), F.embedding(block, embed_weight).float(), anchors,
+                             attention)  # (1, bs, H)
+            logits = hidden[0, 1:] @ head_weight.t()  # (bs-1, V)
+        return logits.argmax(-1).tolist()
+
+    return propose
+
+
+@torch.no_grad()
+def walk(target, propose, prompt: list[int], new_tokens: int, block_size: int,
+         layer_ids: list[int]) -> tuple[list[int], list[int]]:
+    """One prompt's walk: -> (accepted + 1) per target forward. Checks the output against greedy decoding."""
+    first = target_pass(target, prompt, layer_ids)
+    tokens = list(prompt) + [int(first.logits[-1].argmax())]
+    context = first.context
+    per_forward = []
+    while len(tokens) - len(prompt) < new_tokens:
+        draft = propose(tokens, context)
+        anchor = len(tokens) - 1
+        verify_ids = tokens + [max(t, 0) for t in draft]  # an unknown slot (-1) never matches; any id will do
+        verified = target_pass(target, verify_ids, layer_ids)
+        posterior = verified.logits[anchor:].argmax(-1).tolist()  # (bs,) the target's choice after each slot
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == posterior[accepted]:
+            accepted += 1
+        room = new_tokens - (len(tokens) - len(prompt))
+        produced = min(accepted + 1, room)
+        tokens += (draft[:accepted] + [posterior[accepted]])[:produced]
+        per_forward.append(produced)
+        # Causal: the states of the positions kept are exact; the rest is recomputed next step.
+        context = verified.context[:, : len(tokens) - 1]
+    return tokens[len(prompt):len(prompt) + new_tokens], per_forward
+
+
+def check_lossless(walked: list[int], greedy: list[int], logits: list[torch.Tensor], dtype) -> bool:
+    """True when identical; False at a near-tie (counted); raises LosslessError on a real divergence."""
+    for index, (got, want) in enumerate(zip(walked, greedy)):
+        if got != want:
+            gap = float(logits[index][want] - logits[index][got])
+            if gap <= NEAR_TIE.get(dtype, 1e-3):
+                return False
+            raise LosslessError(f"speculative walk diverged from greedy decoding at new token {index}: {got} != "
+                                f"{want} (logit gap {gap:.4g}); the drafter's verification path is broken")
+    return True
+
+
+def evaluate_walk(target, proposers: dict, prompts: list[list[int]], new_tokens: int, block_size: int,
+                  layer_ids: list[int], dtype=torch.float32) -> dict:
+    """Walk tau of every proposer over the same prompts, each prompt checked lossless."""
+    per_prompt = {name: [] for name in proposers}
+    near_ties = 0
+    for prompt in prompts:
+        greedy, logits = greedy_continuation(target, prompt, new_tokens)
+        for name, propose in proposers.items():
+            walked, per_forward = walk(target, propose, prompt, new_tokens, block_size, layer_ids)
+            if not check_lossless(walked, greedy, logits, dtype):
+                near_ties += 1
+            per_prompt[name].append(sum(per_forward) / len(per_forward) if per_forward else 1.0)
+
+    def mean(values):
+        return round(sum(values) / len(values), 4) if values else 0.0
+
+    return {"walk_tau": mean(per_prompt["drafter"]), "walk_repeat_tau": mean(per_prompt["repeat"]),
+            "walk_copy_tau": mean(per_prompt["copy"]), "walk_prompts": len(prompts), "walk_new_tokens": new_tokens,
+            "walk_near_ties": near_ties, "walk_method": WALK_METHOD}
