@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +22,7 @@ from filelock import FileLock
 
 from envkit import paths
 from envkit.cachetrust import permission_problem, read_json_file, tree_problems
+from envkit.children import die_with_parent
 from envkit.doctor.findings import Finding, Status
 from envkit.errors import CacheError
 from envkit.installed import installed_versions
@@ -31,8 +31,6 @@ from envkit.venv import Venv, write_json_atomic
 
 FINGERPRINT = "fingerprint.json"
 CACHE_SUBDIRS = ("inductor", "triton")
-EXPORT_HEADER = "envkit-cache.json"
-EXPORT_BLOB = "mega-cache.bin"
 
 
 # -- env key -------------------------------------------------------------------------------------
@@ -173,14 +171,16 @@ def compare(cache_dir: Path, fingerprint: dict) -> Verification:
         added=tuple(sorted(set(current) - set(recorded))), untrusted=untrusted)
 
 
-def write_fingerprint(cache_dir: Path, parts: dict, buckets: list[int], counters: dict, venv: Venv) -> dict:
+def write_fingerprint(cache_dir: Path, parts: dict, buckets: list[int], counters: dict, venv: Venv,
+                      key: str | None = None) -> dict:
+    """Fingerprint what is in cache_dir now (its env key is its name unless it is staged under another)."""
     problems = tree_problems(cache_dir)
     if problems:  # never vouch for what cannot be verified
         raise CacheError(untrusted_message(cache_dir, problems))
     files = scan(cache_dir)
     manifest = venv.manifest() or {}
     fingerprint = {
-        "env_key": cache_dir.name, "key_parts": parts, "buckets": buckets, "counters": counters,
+        "env_key": key or cache_dir.name, "key_parts": parts, "buckets": buckets, "counters": counters,
         "venv": str(venv.path), "lock_digest": manifest.get("lock_digest"),
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "files": [[p, s, h] for p, (s, h) in sorted(files.items())], "digest": files_digest(files),
@@ -211,7 +211,8 @@ def _stream_warmup(venv: Venv, args: list[str], env: dict[str, str], quiet: bool
     """Run the trainer's warm-up, drawing its progress lines as a bar on stderr; return its final line."""
     with tempfile.TemporaryDirectory(prefix="envkit-warm-") as out, tempfile.TemporaryFile("w+") as errors:
         proc = subprocess.Popen([str(venv.python), "-m", "trainer", "warmup", *args, "--out", out],
-                                stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+                                stdout=subprocess.PIPE, stderr=errors, text=True, env=env,
+                                preexec_fn=die_with_parent)
         final = None
         try:
             for line in proc.stdout:
@@ -345,51 +346,7 @@ def doctor_findings(venv: Venv) -> list[Finding]:
     return findings
 
 
-# -- export / import / ls / prune ----------------------------------------------------------------
-def export(venv: Venv, target: Path, preset: str | None = None, config: str | None = None, *,
-           quiet: bool = False) -> dict:
-    """Warm (hits on a warm cache), capture torch's Mega-Cache blob, and write it with the env key as one file."""
-    with tempfile.TemporaryDirectory(prefix="envkit-export-") as tmp:
-        blob = Path(tmp) / EXPORT_BLOB
-        result = warm(venv, preset, config, quiet=quiet, export=blob)
-        fingerprint = read_fingerprint(Path(result.cache_dir))
-        header = {"env_key": result.env_key, "key_parts": fingerprint["key_parts"], "buckets": result.buckets,
-                  "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        partial = target.with_name(f".{target.name}.tmp")
-        with zipfile.ZipFile(partial, "w") as archive:
-            archive.writestr(EXPORT_HEADER, json.dumps(header, indent=2, sort_keys=True))
-            archive.write(blob, EXPORT_BLOB)
-        partial.replace(target)
-    return {"file": str(target), "env_key": result.env_key, "bytes": target.stat().st_size}
-
-
-def import_(venv: Venv, source: Path, preset: str | None = None, config: str | None = None) -> dict:
-    started = time.perf_counter()
-    try:
-        with zipfile.ZipFile(source) as archive:
-            header = json.loads(archive.read(EXPORT_HEADER))
-            blob = archive.read(EXPORT_BLOB)
-    except (OSError, KeyError, zipfile.BadZipFile, ValueError) as exc:
-        raise CacheError(f"{source} is not an envkit cache export ({exc}); make one with `envkit cache export`") from None
-    parts = key_parts(venv, preset or header["key_parts"].get("preset"), config)
-    key = env_key(parts)
-    if key != header["env_key"]:
-        differs = ", ".join(f"{k}: exported {header['key_parts'].get(k)!r}, here {v!r}"
-                            for k, v in parts.items() if header["key_parts"].get(k) != v)
-        raise CacheError(f"{source} was exported for env key {header['env_key']}, this venv needs {key} ({differs}); "
-                         f"export it from a matching environment or run `envkit warm-cache` here")
-    cache_dir = compile_root() / key
-    ensure_private_dir(cache_dir)
-    with FileLock(str(cache_dir.with_suffix(".lock"))), tempfile.TemporaryDirectory(prefix="envkit-import-") as tmp:
-        _check_trusted(cache_dir)
-        blob_path = Path(tmp) / EXPORT_BLOB
-        blob_path.write_bytes(blob)
-        run_trainer(venv, ["load-cache", str(blob_path)], trainer_env(venv, cache_dir))
-        fingerprint = write_fingerprint(cache_dir, parts, header["buckets"], {}, venv)
-    return {"cache_dir": str(cache_dir), "env_key": key, "files": len(fingerprint["files"]),
-            "fingerprint": fingerprint["digest"], "seconds": round(time.perf_counter() - started, 2)}
-
-
+# -- ls / prune ----------------------------------------------------------------------------------
 def _tree_size(root: Path) -> int:
     """Bytes of the regular files under root, links neither followed nor counted."""
     if root.is_symlink():

@@ -69,6 +69,7 @@ def main():
     envkit doctor      how a venv differs from its lock, and what is dangerous in it
     envkit warm-cache  compile every shape bucket once, then fingerprint the cache
     envkit train       preflight, then run the bundled DFlash trainer with a run dir
+    envkit export      a run's drafter in the DFlash format SGLang, vLLM and dflash serve
     """
 
 
@@ -240,6 +241,7 @@ def render_verification(result) -> str:
         return (f"cold: no fingerprinted cache for env key {result.env_key}"
                 + (f" (this venv's last cache differs in {why})" if why else "") + "; run `envkit warm-cache`")
     lines = [f"changed: {p}" for p in result.changed] + [f"removed: {p}" for p in result.removed]
+    lines += [f"untrusted: {p}: {why}" for p, why in result.untrusted.items()]
     lines += [f"added (growth): {p}" for p in result.added]
     verdict = "ok" if result.ok else "FAILED: the cache changed since it was fingerprinted; remove it and warm again"
     return "\n".join(lines + [f"{result.cache_dir}: {verdict}"])
@@ -259,26 +261,37 @@ def cache_group():
 @click.option("--json", "as_json", is_flag=True)
 def cache_export_command(file, venv_path, profile_name, preset, config_path, as_json):
     """Write the warm cache as one portable file (torch's Mega-Cache plus the env key)."""
-    from envkit import cache
+    from envkit import cacheport
 
     _check_preset_choice(preset, config_path)
-    result = cache.export(_venv(venv_path, profile_name), Path(file), preset, config_path, quiet=as_json)
-    _print_json(result) if as_json else click.echo(f"exported {result['file']} ({result['bytes'] / 1e6:.1f} MB, "
-                                                   f"env key {result['env_key']})")
+    result = cacheport.export(_venv(venv_path, profile_name), Path(file), preset, config_path, quiet=as_json)
+    if as_json:
+        return _print_json(result)
+    click.echo(f"exported {result['file']} ({result['bytes'] / 1e6:.1f} MB, {result['artifacts']} artifacts, "
+               f"env key {result['env_key']})")
+    click.echo(f"sha256 {result['sha256']}")
+    click.echo(f"  import elsewhere: envkit cache import {Path(file).name} --sha256 {result['sha256']}")
 
 
 @cache_group.command("import")
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @venv_option
 @profile_option
+@click.option("--sha256", "pinned", metavar="HEX",
+              help="The export's sha256, as `envkit cache export` printed it where it was made (required).")
 @click.option("--json", "as_json", is_flag=True)
-def cache_import_command(file, venv_path, profile_name, as_json):
-    """Load an exported cache into this machine's cache root; refuses another env key."""
-    from envkit import cache
+def cache_import_command(file, venv_path, profile_name, pinned, as_json):
+    """Load an exported cache into this machine's cache root.
 
-    result = cache.import_(_venv(venv_path, profile_name), Path(file))
-    _print_json(result) if as_json else click.echo(f"imported into {result['cache_dir']} ({result['files']} files, "
-                                                   f"{result['seconds']:.1f}s)")
+    An export is code from whoever made it: it is accepted only when its sha256 equals --sha256,
+    then every artifact is checked against the export's digests, kinds and keys before torch reads
+    it. Refuses another env key.
+    """
+    from envkit import cacheport
+
+    result = cacheport.import_(_venv(venv_path, profile_name), Path(file), sha256=pinned)
+    _print_json(result) if as_json else click.echo(f"imported into {result['cache_dir']} ({result['artifacts']} "
+                                                   f"artifacts, {result['files']} files, {result['seconds']:.1f}s)")
 
 
 @cache_group.command("ls")

@@ -179,11 +179,21 @@ def create(profile_name: str | None = None, lock_path: str | None = None, venv_p
         raise VenvError(f"{profile.path} has no [[package]] table; run `envkit lock --lock {profile.path}` first")
     target = Path(venv_path) if venv_path else paths.default_venv(profile.name)
     target = target.expanduser().absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.parent == target or target == Path.home():
+        raise VenvError(f"{target} cannot be a venv path (it would replace a whole tree); give --venv a dedicated dir")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(lock_file_for(target)))
+        with lock:  # probe: an unwritable place fails here, with a message, not as a traceback below
+            pass
+    except OSError as exc:
+        blocking = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        why = f"{blocking} is a file, not a directory" if blocking else f"{exc.strerror} at {exc.filename or target.parent}"
+        raise VenvError(f"cannot create {target}: {why}; give --venv (or ENVKIT_HOME) a writable place") from None
     venv = Venv(target)
     phases = Phases(total=4, quiet=quiet)
 
-    with FileLock(str(lock_file_for(target))), _sigterm_as_interrupt():
+    with lock, _sigterm_as_interrupt():
         _recover_interrupted(target)
         existed = target.exists() or target.is_symlink()
         if existed:

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from envkit import __version__, cache, doctor, paths
 from envkit.doctor.findings import Report, Status
-from envkit.doctor.torchchecks import mitigated
+from envkit.children import die_with_parent
 from envkit.errors import RunError
 from envkit.installed import installed_versions
 from envkit.progress import Phases
@@ -72,7 +74,7 @@ def _versions(venv: Venv) -> dict:
 def _blocking(report: Report, allow_warn: bool) -> list:
     """Findings that stop a run: every fail, and warnings train does not handle unless --allow-warn."""
     def handled(finding) -> bool:
-        return finding.id in HANDLED_WARNINGS or (finding.id == "torch.hazard" and mitigated(finding.subject))
+        return finding.id in HANDLED_WARNINGS
 
     return [f for f in report.findings if f.status == Status.FAIL
             or (f.status == Status.WARN and not allow_warn and not handled(f))]
@@ -111,9 +113,10 @@ def _preflight_doctor(venv: Venv, request: TrainRequest, phases: Phases):
 def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, described: dict) -> tuple[Path, str]:
     with phases.phase("cache", "verify"):
         result = cache.verify(venv, request.preset, request.config, described)
-    if result.removed or result.changed:
-        raise RunError(f"the compile cache {result.cache_dir} changed since it was fingerprinted "
-                       f"({', '.join((result.changed + result.removed)[:3])}); remove it and run `envkit warm-cache`")
+    if result.tampered:
+        named = ", ".join((result.changed + result.removed + tuple(result.untrusted))[:3])
+        raise RunError(f"the compile cache {result.cache_dir} changed since it was fingerprinted or holds entries no "
+                       f"fingerprint can vouch for ({named}); remove it and run `envkit warm-cache`")
     if not result.fingerprinted:
         if request.no_warm:
             raise RunError(f"the compile cache for this venv and preset is cold (env key {result.env_key}); run "
@@ -128,13 +131,21 @@ def _preset_flag(request: TrainRequest) -> str:
     return f"--config {request.config}" if request.config else f"--preset {request.preset or 'tiny'}"
 
 
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_run_name(name: str) -> str:
+    if not RUN_NAME.match(name):
+        raise RunError(f"run name {name[:120]!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter "
+                       f"or digit; choose another --name")
+    return name
+
+
 def _run_dir(request: TrainRequest, preset: str) -> Path:
-    name = request.name or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{preset}"
-    if "/" in name or name.startswith("."):
-        raise RunError(f"run name {name!r} must be a plain name (no '/', no leading '.')")
+    name = check_run_name(request.name or f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{preset}")
     root = Path(request.runs_dir) if request.runs_dir else paths.runs_dir()
     run_dir = root / name
-    if run_dir.exists():
+    if run_dir.exists() or run_dir.is_symlink():
         raise RunError(f"run dir {run_dir} already exists; choose another --name")
     return run_dir
 
@@ -142,12 +153,17 @@ def _run_dir(request: TrainRequest, preset: str) -> Path:
 def start(request: TrainRequest, *, quiet: bool = False) -> dict:
     """Preflight, write run.json, and run (or detach) the trainer. Returns the final run.json."""
     phases = Phases(total=5, quiet=quiet)
+    if request.name:  # before minutes of preflight, not after
+        _run_dir(request, "")
     venv = _preflight_venv(request, phases)
     profile = _preflight_doctor(venv, request, phases)
     described = cache.describe(venv, request.preset, request.config)
     cache_dir, fingerprint = _preflight_cache(venv, request, phases, described)
     run_dir = _run_dir(request, described["preset"])
-    run_dir.mkdir(parents=True)
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as exc:
+        raise RunError(f"cannot create the run dir {run_dir}: {exc.strerror}; give --runs-dir a writable dir") from None
     command = [str(venv.python), "-m", "trainer", "train",
                *(["--config", str(Path(request.config).resolve())] if request.config else
                  ["--preset", request.preset or "tiny"]),
@@ -159,31 +175,64 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
         "cache_fingerprint": fingerprint, "versions": _versions(venv), "git_commit": _git_commit(),
         "command": command, "envkit_command": sys.argv, "host": socket.gethostname(), "started_at": _now(),
         "ended_at": None, "exit_code": None, "detached": request.detach, "preflight_s": phases.timings,
+        "launcher_pid": os.getpid(),  # a `starting` run whose launcher and supervisor are gone is lost
     }
     write_json_atomic(run_dir / RUN_JSON, record)
-    if request.detach:
-        return _detach(run_dir, phases)
-    phases.say(f"[5/5] train: {run_dir} (log: {run_dir / LOG})")
-    return supervise(run_dir, echo=not quiet) | {"run_dir": str(run_dir)}
+    try:
+        if request.detach:
+            return _detach(run_dir, phases)
+        phases.say(f"[5/5] train: {run_dir} (log: {run_dir / LOG})")
+        return supervise(run_dir, echo=not quiet) | {"run_dir": str(run_dir)}
+    except BaseException as exc:
+        # Interrupted or failed before the supervisor recorded anything: run.json must still say so.
+        if read_run(run_dir).get("status") == "starting":
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            _update(run_dir, status=status, ended_at=_now(), error=str(exc) or type(exc).__name__)
+        raise
+
+
+def tmux_session_name(run_name: str) -> str:
+    """tmux turns '.' and ':' into '_' in session names; a name that survives as given can be used to stop it."""
+    base = "envkit-" + re.sub(r"[^A-Za-z0-9_-]", "_", run_name)
+    name, suffix = base, 1
+    while subprocess.run(["tmux", "has-session", "-t", f"={name}"], capture_output=True).returncode == 0:
+        suffix += 1
+        name = f"{base}-{suffix}"
+    return name
 
 
 def _detach(run_dir: Path, phases: Phases) -> dict:
     """Start the supervisor in tmux (or a new session); it records its own pid and status in run.json."""
     supervisor = [sys.executable, "-m", "envkit", "supervise", str(run_dir)]
-    session = f"envkit-{run_dir.name}"
     follow = f"envkit logs {run_dir.name} -f"
     if shutil.which("tmux"):
+        session = tmux_session_name(run_dir.name)
         # Written before the start, so that run.json has a single writer once the supervisor runs.
         _update(run_dir, tmux_session=session)
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, shlex.join(supervisor)], check=True)
+        started = subprocess.run(["tmux", "new-session", "-d", "-s", session, shlex.join(supervisor)],
+                                 capture_output=True, text=True)
+        if started.returncode != 0:
+            raise RunError(f"tmux could not start session {session}: {started.stderr.strip()}; run without --detach "
+                           f"or fix tmux")
         where, follow, stop = f"tmux session {session}", f"tmux attach -t {session}  or  {follow}", \
             f"tmux send-keys -t {session} C-c"
     else:
         with open(os.devnull, "rb") as stdin, open(os.devnull, "wb") as devnull:
             proc = subprocess.Popen(supervisor, stdin=stdin, stdout=devnull, stderr=devnull, start_new_session=True)
         where, stop = f"a new session (pid {proc.pid}; tmux is not installed)", f"kill -TERM {proc.pid}"
+    _wait_until_supervised(run_dir)
     phases.say(f"[5/5] train: detached in {where}\n  follow: {follow}\n  stop:   {stop}")
     return read_run(run_dir) | {"run_dir": str(run_dir)}
+
+
+def _wait_until_supervised(run_dir: Path, timeout: float = 30.0) -> None:
+    """Return once the supervisor has taken the run over, so `starting` never outlives this process unnoticed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if read_run(run_dir).get("status") != "starting":
+            return
+        time.sleep(0.1)
+    raise RunError(f"the detached supervisor did not start within {timeout:.0f}s; see {run_dir / LOG}")
 
 
 def _update(run_dir: Path, **fields) -> dict:
@@ -195,9 +244,12 @@ def _update(run_dir: Path, **fields) -> dict:
 
 def read_run(run_dir: Path) -> dict:
     try:
-        return json.loads((run_dir / RUN_JSON).read_text())
+        record = json.loads((run_dir / RUN_JSON).read_text())
     except (OSError, ValueError) as exc:
         raise RunError(f"{run_dir / RUN_JSON} is unreadable ({exc})") from None
+    if not isinstance(record, dict):
+        raise RunError(f"{run_dir / RUN_JSON} is not a run record (a JSON object); it was not written by envkit")
+    return record
 
 
 def _summary_from_log(log: Path) -> dict | None:
@@ -217,8 +269,10 @@ def supervise(run_dir: Path, *, echo: bool) -> dict:
     venv = Venv(Path(record["venv"]))
     env = trainer_env(venv, Path(record["cache_dir"]))
     with (run_dir / LOG).open("ab") as log:
+        # A session of its own: signals reach it only through us, once. It dies with us (SIGTERM, so it
+        # checkpoints) rather than run on unsupervised.
         proc = subprocess.Popen(record["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # signals reach it only through us, once
+                                start_new_session=True, preexec_fn=die_with_parent)
         _update(run_dir, status="running", pid=proc.pid, supervisor_pid=os.getpid())
 
         def forward(signum, frame):

@@ -48,6 +48,8 @@ def status_of(record: dict) -> str:
     status = record.get("status", "unknown")
     if status == "running" and not _alive(record.get("supervisor_pid")):
         return "lost"  # the supervisor died without recording an end (SIGKILL, reboot)
+    if status == "starting" and not _alive(record.get("launcher_pid")) and not _alive(record.get("supervisor_pid")):
+        return "lost"  # killed between preflight and supervision
     return status
 
 
@@ -77,6 +79,7 @@ def find_run(name: str, runs_dir: Path | None = None) -> Path:
     if not (run_dir / RUN_JSON).exists():
         known = ", ".join(r["name"] for r in list_runs(runs_dir)[-5:]) or "none"
         raise RunError(f"no run named {name!r} in {run_dir.parent} (recent: {known}); see `envkit runs`")
+    read_run(run_dir)  # a record of the wrong shape is an error here, not a traceback later
     return run_dir
 
 

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from envkit import paths
+from envkit.children import die_with_parent
 from envkit.errors import CacheError, EnvkitError
 from envkit.venv import Venv
 
@@ -30,7 +31,7 @@ def run_trainer(venv: Venv, args: list[str], env: dict[str, str], *, timeout: fl
                 error: type[EnvkitError] = CacheError):
     """Run to completion; a failure becomes `error` with the trainer's own `Error:` line."""
     proc = subprocess.run([str(venv.python), "-m", "trainer", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+                          timeout=timeout, preexec_fn=die_with_parent)
     if proc.returncode != 0:
         raise trainer_failure(venv, args, proc.stderr, error)
     return proc

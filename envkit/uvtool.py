@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from envkit.children import die_with_parent
 from envkit.errors import EnvkitError, HashMismatchError, UvError
 
 
@@ -71,7 +72,8 @@ def run_uv(args: list[str], *, env: dict[str, str] | None = None, cwd: Path | No
     """Run `uv ARGS`; return stdout, or raise an explained error."""
     full_env = dict(os.environ if env is None else env)
     full_env.setdefault("UV_NO_PROGRESS", "1")
-    proc = subprocess.run([uv_bin(), *args], capture_output=True, text=True, env=full_env, cwd=cwd)
+    proc = subprocess.run([uv_bin(), *args], capture_output=True, text=True, env=full_env, cwd=cwd,
+                          preexec_fn=die_with_parent)
     if proc.returncode != 0:
         raise explain_failure(args, proc.stderr)
     return proc.stdout

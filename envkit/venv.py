@@ -35,8 +35,15 @@ class Venv:
         return found[0]
 
     def pyvenv_cfg(self) -> dict[str, str]:
+        try:
+            text = (self.path / "pyvenv.cfg").read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise VenvError(f"{self.path / 'pyvenv.cfg'} is not UTF-8 text: the venv is damaged; rebuild it with "
+                            f"`envkit create --force --venv {self.path}`") from None
+        except OSError as exc:
+            raise VenvError(f"{self.path / 'pyvenv.cfg'} is unreadable ({exc.strerror})") from None
         values = {}
-        for line in (self.path / "pyvenv.cfg").read_text().splitlines():
+        for line in text.splitlines():
             key, sep, value = line.partition("=")
             if sep:
                 values[key.strip()] = value.strip()
@@ -45,11 +52,16 @@ class Venv:
     def manifest(self) -> dict | None:
         """envkit.json, or None when the venv was not made by envkit."""
         try:
-            return json.loads(self.manifest_path.read_text())
+            manifest = json.loads(self.manifest_path.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError) as exc:
             raise VenvError(f"{self.manifest_path} is unreadable ({exc}); rebuild with `envkit create --force`") from None
+        if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), (str, type(None)))
+                                                     for k in ("profile", "lock_digest", "python")):
+            raise VenvError(f"{self.manifest_path} is not an envkit manifest (a JSON object with profile, lock_digest "
+                            f"and python); rebuild with `envkit create --force --venv {self.path}`")
+        return manifest
 
     def require(self) -> "Venv":
         if not self.is_venv():

@@ -184,7 +184,9 @@ def cmd_load_cache(args) -> int:
 
     started = time.perf_counter()
     info = torch.compiler.load_cache_artifacts(Path(args.blob).read_bytes())
-    print(json.dumps({"loaded": info is not None, "seconds": round(time.perf_counter() - started, 2)}))
+    counts = {kind: len(keys) for kind, keys in info.artifacts.items()} if info is not None else {}
+    print(json.dumps({"loaded": bool(counts and any(counts.values())), "artifacts": counts,
+                      "seconds": round(time.perf_counter() - started, 2)}))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 from pathlib import Path
@@ -11,7 +12,9 @@ from envkit.doctor.findings import Finding, Status
 
 # Libraries whose second copy on the loader path fights the venv's torch.
 CUDA_TORCH_LIBS = ("libcudart.so*", "libcublas*.so*", "libcudnn*.so*", "libnccl*.so*", "libtorch*.so*",
-                   "libc10*.so*", "libnvrtc*.so*", "libcusparse*.so*")
+                   "libc10*.so*", "libnvrtc*.so*", "libcusparse*.so*", "libcuda.so*", "libcufft*.so*",
+                   "libcurand*.so*", "libcusolver*.so*", "libnvJitLink*.so*", "libtriton*.so*")
+ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
 def _outside_venv(entry: str, ctx: Context) -> bool:
@@ -19,6 +22,10 @@ def _outside_venv(entry: str, ctx: Context) -> bool:
         return not Path(entry).resolve().is_relative_to(ctx.venv.path.resolve())
     except OSError:
         return True
+
+
+def _is_cuda_or_torch(library: str) -> bool:
+    return any(fnmatch.fnmatch(Path(library).name, pattern) for pattern in CUDA_TORCH_LIBS)
 
 
 def _carries_cuda_or_torch(directory: str) -> list[str]:
@@ -50,16 +57,30 @@ def check_env(ctx: Context) -> list[Finding]:
     if env.get("PYTHONSTARTUP"):
         findings.append(Finding("env.leak", Status.WARN, "PYTHONSTARTUP",
                                 "runs a file in interactive sessions", "unset PYTHONSTARTUP"))
-    for variable in ("LD_LIBRARY_PATH", "LD_PRELOAD"):
-        entries = [e for e in env.get(variable, "").replace(":", " ").split() if e]
-        for entry in entries:
-            if not _outside_venv(entry, ctx):
-                continue
-            directory = entry if os.path.isdir(entry) else os.path.dirname(entry)
-            libs = _carries_cuda_or_torch(directory) if variable == "LD_LIBRARY_PATH" else [Path(entry).name]
-            if variable == "LD_PRELOAD" or libs:
-                findings.append(Finding("env.leak", Status.FAIL if libs else Status.WARN, variable,
-                                        f"{entry} loads {', '.join(libs[:4])} ahead of the venv's own CUDA/torch "
-                                        f"libraries", f"remove {entry} from {variable}"))
-    return findings or [Finding("env.leak", Status.OK, "environment",
-                                "no PYTHONPATH, PYTHONHOME, system site or CUDA/torch library path leaks in")]
+    for entry in [e for e in env.get("LD_LIBRARY_PATH", "").split(":") if e]:
+        libs = _carries_cuda_or_torch(entry) if _outside_venv(entry, ctx) else []
+        if libs:
+            findings.append(Finding("env.leak", Status.FAIL, "LD_LIBRARY_PATH",
+                                    f"{entry} loads {', '.join(libs[:4])} ahead of the venv's own CUDA/torch "
+                                    f"libraries", f"remove {entry} from LD_LIBRARY_PATH"))
+    findings += _preloads(env.get("LD_PRELOAD", ""), ctx)
+    if all(f.status == Status.OK for f in findings):
+        findings.append(Finding("env.leak", Status.OK, "environment",
+                                "no PYTHONPATH, PYTHONHOME, system site or CUDA/torch library path leaks in"))
+    return findings
+
+
+def _preloads(value: str, ctx: Context) -> list[Finding]:
+    """LD_PRELOAD judged by what each library is: a CUDA/torch/NCCL library from elsewhere fights the
+    venv's own build; an allocator (jemalloc, tcmalloc, mimalloc) or an unrelated library does not."""
+    findings = []
+    for entry in value.replace(":", " ").split():
+        name = Path(entry).name
+        if _is_cuda_or_torch(name) and _outside_venv(entry, ctx):
+            findings.append(Finding("env.leak", Status.FAIL, "LD_PRELOAD",
+                                    f"{entry} preloads {name} from outside the venv, ahead of its own CUDA/torch "
+                                    f"build", f"remove {entry} from LD_PRELOAD"))
+        else:
+            kind = "an allocator" if any(a in name for a in ALLOCATORS) else "not a CUDA or torch library"
+            findings.append(Finding("env.leak", Status.OK, "LD_PRELOAD", f"{entry}: {kind}; harmless to torch"))
+    return findings
