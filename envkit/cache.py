@@ -43,10 +43,11 @@ def trainer_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def describe(venv: Venv, preset: str | None, config: str | None) -> dict:
-    """The trainer's own account of versions, device and config, from the venv's interpreter."""
-    return json.loads(run_trainer(venv, ["describe", *trainer_args(preset, config)], trainer_env(venv, None),
-                                   timeout=300).stdout)
+def describe(venv: Venv, preset: str | None, config: str | None, extra_args: tuple[str, ...] = ()) -> dict:
+    """The trainer's own account of versions, device and the resolved config (preset or file, then the
+    trainer's own flags), from the venv's interpreter."""
+    return json.loads(run_trainer(venv, ["describe", *trainer_args(preset, config), *extra_args],
+                                  trainer_env(venv, None), timeout=300).stdout)
 
 
 def key_parts(venv: Venv, preset: str | None, config: str | None, described: dict | None = None) -> dict:
@@ -317,7 +318,7 @@ def doctor_findings(venv: Venv) -> list[Finding]:
     findings = []
     installed = installed_versions(venv.site_packages())
     now = {"torch": installed.get("torch"), "triton": installed.get("triton"),
-           "python": venv.pyvenv_cfg().get("version_info"), "trainer": trainer_digest()}
+           "python": venv.python_version(), "trainer": trainer_digest()}
     for cache_dir, fingerprint in mine:
         if fingerprint is None:
             findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
@@ -386,7 +387,7 @@ def prune(*, dry_run: bool = False) -> list[dict]:
             venv = Venv(Path(venv_path))
             old = fingerprint["key_parts"]
             if old.get("torch") != installed_versions(venv.site_packages()).get("torch") or \
-                    old.get("python") != venv.pyvenv_cfg().get("version_info"):
+                    old.get("python") != venv.python_version():
                 reason = f"venv {venv_path} now has another torch or python"
         if reason:
             if not dry_run:

@@ -127,10 +127,6 @@ def _build(temp: Venv, profile: Profile, links: list[str], phases: Phases, *, of
             raise VenvError(f"uv installed a set that differs from the lock: {diff[:5]}; report this with the lock file")
 
 
-def _python_version(venv: Venv) -> str:
-    return venv.pyvenv_cfg().get("version_info") or venv.pyvenv_cfg().get("version", "")
-
-
 def _swap_into_place(temp: Path, target: Path) -> None:
     """Put the finished venv at `target`; at no moment is the path without a venv.
 
@@ -208,7 +204,7 @@ def create(profile_name: str | None = None, lock_path: str | None = None, venv_p
             shutil.rmtree(temp.path)  # uv venv wants to make the directory itself
             _build(temp, profile, links, phases, offline=offline, no_index=no_index)
             with phases.phase("done", str(target)):
-                write_json_atomic(temp.manifest_path, manifest_for(profile, _python_version(temp)))
+                write_json_atomic(temp.manifest_path, manifest_for(profile, temp.python_version()))
                 _swap_into_place(temp.path, target)
         finally:
             shutil.rmtree(temp.path, ignore_errors=True)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from envkit.errors import RunError
-from envkit.launch import RUN_JSON, read_run
+from envkit.rundir import RUN_JSON, read_run
 from envkit.runs import find_run
 from envkit.trainer_process import run_trainer, trainer_env
 from envkit.venv import Venv

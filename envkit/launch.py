@@ -7,7 +7,6 @@ SIGTERM to the trainer (which checkpoints), and records the end in run.json.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -25,14 +24,14 @@ from envkit import __version__, cache, doctor, paths
 from envkit.doctor.findings import Report, Status
 from envkit.children import die_with_parent
 from envkit.errors import RunError
+from envkit.rundir import (CONFIG_JSON, LOG, RUN_JSON, check_run_name, now, read_run, read_summary,
+                           update_run)
 from envkit.installed import installed_versions
 from envkit.progress import Phases
 from envkit.uvtool import uv_version
 from envkit.trainer_process import trainer_env
 from envkit.venv import Venv, write_json_atomic
 
-RUN_JSON = "run.json"
-LOG = "train.log"
 # Warnings that `envkit train` itself resolves: it warms the cache and the trainer mitigates hazards.
 HANDLED_WARNINGS = {"cache.fingerprint"}
 EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "interrupted", -15: "interrupted"}
@@ -52,10 +51,6 @@ class TrainRequest:
     trainer_args: tuple[str, ...]
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "-C", str(paths.PROJECT_ROOT), "rev-parse", "HEAD"], capture_output=True,
@@ -67,7 +62,7 @@ def _git_commit() -> str | None:
 
 def _versions(venv: Venv) -> dict:
     installed = installed_versions(venv.site_packages())
-    return {"envkit": __version__, "python": venv.pyvenv_cfg().get("version_info"), "uv": uv_version(),
+    return {"envkit": __version__, "python": venv.python_version(), "uv": uv_version(),
             **{name: installed.get(name) for name in ("torch", "transformers", "triton")}}
 
 
@@ -83,7 +78,7 @@ def _blocking(report: Report, allow_warn: bool) -> list:
 def _preflight_venv(request: TrainRequest, phases: Phases) -> Venv:
     from envkit.create import create
 
-    profile_name = request.profile_name or "cpu"
+    profile_name = request.profile_name or paths.DEFAULT_PROFILE
     path = Path(request.venv_path) if request.venv_path else paths.default_venv(profile_name)
     venv = Venv(path.expanduser().absolute())
     if not venv.path.exists():
@@ -110,35 +105,22 @@ def _preflight_doctor(venv: Venv, request: TrainRequest, phases: Phases):
     return ctx.profile
 
 
-def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, described: dict) -> tuple[Path, str]:
+def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, described: dict,
+                     config_path: Path) -> tuple[Path, str]:
     with phases.phase("cache", "verify"):
-        result = cache.verify(venv, request.preset, request.config, described)
+        result = cache.verify(venv, None, str(config_path), described)
     if result.tampered:
         named = ", ".join((result.changed + result.removed + tuple(result.untrusted))[:3])
         raise RunError(f"the compile cache {result.cache_dir} changed since it was fingerprinted or holds entries no "
                        f"fingerprint can vouch for ({named}); remove it and run `envkit warm-cache`")
     if not result.fingerprinted:
         if request.no_warm:
-            raise RunError(f"the compile cache for this venv and preset is cold (env key {result.env_key}); run "
-                           f"`envkit warm-cache --venv {venv.path} {_preset_flag(request)}` first, or drop --no-warm")
+            raise RunError(f"the compile cache for this run's config is cold (env key {result.env_key}); run "
+                           f"`envkit warm-cache --venv {venv.path} --config {config_path}` first, or drop --no-warm")
         with phases.phase("warm-cache", f"cold env key {result.env_key}"):
-            cache.warm(venv, request.preset, request.config, described=described, quiet=not sys.stderr.isatty())
+            cache.warm(venv, None, str(config_path), described=described, quiet=not sys.stderr.isatty())
     fingerprint = cache.read_fingerprint(Path(result.cache_dir))
     return Path(result.cache_dir), fingerprint["digest"]
-
-
-def _preset_flag(request: TrainRequest) -> str:
-    return f"--config {request.config}" if request.config else f"--preset {request.preset or 'tiny'}"
-
-
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-def check_run_name(name: str) -> str:
-    if not RUN_NAME.match(name):
-        raise RunError(f"run name {name[:120]!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter "
-                       f"or digit; choose another --name")
-    return name
 
 
 def _run_dir(request: TrainRequest, preset: str) -> Path:
@@ -151,34 +133,40 @@ def _run_dir(request: TrainRequest, preset: str) -> Path:
 
 
 def start(request: TrainRequest, *, quiet: bool = False) -> dict:
-    """Preflight, write run.json, and run (or detach) the trainer. Returns the final run.json."""
+    """Preflight, resolve the config once into RUN_DIR/config.json, warm for it, run (or detach) the trainer.
+
+    Describe, warm-up and train all read that one file, so the env key and the compiled shapes are
+    those of the run (`-- --batch-size 4` included). Returns the final run.json.
+    """
     phases = Phases(total=5, quiet=quiet)
     if request.name:  # before minutes of preflight, not after
         _run_dir(request, "")
     venv = _preflight_venv(request, phases)
     profile = _preflight_doctor(venv, request, phases)
-    described = cache.describe(venv, request.preset, request.config)
-    cache_dir, fingerprint = _preflight_cache(venv, request, phases, described)
+    described = cache.describe(venv, request.preset, request.config, request.trainer_args)
     run_dir = _run_dir(request, described["preset"])
     try:
         run_dir.mkdir(parents=True)
     except OSError as exc:
         raise RunError(f"cannot create the run dir {run_dir}: {exc.strerror}; give --runs-dir a writable dir") from None
-    command = [str(venv.python), "-m", "trainer", "train",
-               *(["--config", str(Path(request.config).resolve())] if request.config else
-                 ["--preset", request.preset or "tiny"]),
-               "--out", str(run_dir), *request.trainer_args]
+    config_path = run_dir / CONFIG_JSON
+    write_json_atomic(config_path, described["full_config"])
+    command = [str(venv.python), "-m", "trainer", "train", "--config", str(config_path), "--out", str(run_dir),
+               *request.trainer_args]
     record = {
         "name": run_dir.name, "status": "starting", "config": described["full_config"],
-        "profile": profile.name if profile else None, "lock_digest": profile.lock_digest if profile else None,
-        "venv": str(venv.path), "env_key": cache_dir.name, "cache_dir": str(cache_dir),
-        "cache_fingerprint": fingerprint, "versions": _versions(venv), "git_commit": _git_commit(),
-        "command": command, "envkit_command": sys.argv, "host": socket.gethostname(), "started_at": _now(),
-        "ended_at": None, "exit_code": None, "detached": request.detach, "preflight_s": phases.timings,
+        "config_path": str(config_path), "profile": profile.name if profile else None,
+        "lock_digest": profile.lock_digest if profile else None, "venv": str(venv.path),
+        "versions": _versions(venv), "git_commit": _git_commit(), "command": command,
+        "envkit_command": sys.argv, "host": socket.gethostname(), "started_at": now(), "ended_at": None,
+        "exit_code": None, "detached": request.detach,
         "launcher_pid": os.getpid(),  # a `starting` run whose launcher and supervisor are gone is lost
     }
     write_json_atomic(run_dir / RUN_JSON, record)
     try:
+        cache_dir, fingerprint = _preflight_cache(venv, request, phases, described, config_path)
+        update_run(run_dir, env_key=cache_dir.name, cache_dir=str(cache_dir), cache_fingerprint=fingerprint,
+                preflight_s=phases.timings)
         if request.detach:
             return _detach(run_dir, phases)
         phases.say(f"[5/5] train: {run_dir} (log: {run_dir / LOG})")
@@ -187,7 +175,7 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
         # Interrupted or failed before the supervisor recorded anything: run.json must still say so.
         if read_run(run_dir).get("status") == "starting":
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            _update(run_dir, status=status, ended_at=_now(), error=str(exc) or type(exc).__name__)
+            update_run(run_dir, status=status, ended_at=now(), error=str(exc) or type(exc).__name__)
         raise
 
 
@@ -208,7 +196,7 @@ def _detach(run_dir: Path, phases: Phases) -> dict:
     if shutil.which("tmux"):
         session = tmux_session_name(run_dir.name)
         # Written before the start, so that run.json has a single writer once the supervisor runs.
-        _update(run_dir, tmux_session=session)
+        update_run(run_dir, tmux_session=session)
         started = subprocess.run(["tmux", "new-session", "-d", "-s", session, shlex.join(supervisor)],
                                  capture_output=True, text=True)
         if started.returncode != 0:
@@ -235,34 +223,6 @@ def _wait_until_supervised(run_dir: Path, timeout: float = 30.0) -> None:
     raise RunError(f"the detached supervisor did not start within {timeout:.0f}s; see {run_dir / LOG}")
 
 
-def _update(run_dir: Path, **fields) -> dict:
-    record = read_run(run_dir)
-    record.update(fields)
-    write_json_atomic(run_dir / RUN_JSON, record)
-    return record
-
-
-def read_run(run_dir: Path) -> dict:
-    try:
-        record = json.loads((run_dir / RUN_JSON).read_text())
-    except (OSError, ValueError) as exc:
-        raise RunError(f"{run_dir / RUN_JSON} is unreadable ({exc})") from None
-    if not isinstance(record, dict):
-        raise RunError(f"{run_dir / RUN_JSON} is not a run record (a JSON object); it was not written by envkit")
-    return record
-
-
-def _summary_from_log(log: Path) -> dict | None:
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        if line.startswith('{"summary"'):
-            return json.loads(line)
-    return None
-
-
 def supervise(run_dir: Path, *, echo: bool) -> dict:
     """Run the recorded command, tee its output to train.log, forward signals, record the end."""
     record = read_run(run_dir)
@@ -273,7 +233,7 @@ def supervise(run_dir: Path, *, echo: bool) -> dict:
         # checkpoints) rather than run on unsupervised.
         proc = subprocess.Popen(record["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, preexec_fn=die_with_parent)
-        _update(run_dir, status="running", pid=proc.pid, supervisor_pid=os.getpid())
+        update_run(run_dir, status="running", pid=proc.pid, supervisor_pid=os.getpid())
 
         def forward(signum, frame):
             if proc.poll() is None:
@@ -292,7 +252,7 @@ def supervise(run_dir: Path, *, echo: bool) -> dict:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     status = EXIT_STATUS.get(code, "failed")
-    return _update(run_dir, status=status, exit_code=code, ended_at=_now(), summary=_summary_from_log(run_dir / LOG))
+    return update_run(run_dir, status=status, exit_code=code, ended_at=now(), summary=read_summary(run_dir))
 
 
 def describe_summary(record: dict, run_dir: Path) -> str:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 # The checkout that holds envkit/, trainer/ and lockfiles/ (envkit is installed editable).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PROFILE = "cpu"  # runs anywhere: tests, laptops, the demo
+DEFAULT_PRESET = "tiny"  # the trainer's CPU preset (two minutes on two cores)
 
 
 def _env_path(name: str, default: Path) -> Path:

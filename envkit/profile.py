@@ -80,7 +80,7 @@ def resolve_profile_path(name: str | None, lock_path: str | Path | None) -> Path
         if not path.is_file():
             raise ProfileError(f"lock file {path} does not exist; give an existing file to --lock")
         return path
-    name = name or "cpu"
+    name = name or paths.DEFAULT_PROFILE
     check_profile_name(name, "--profile")
     path = paths.lockfiles_dir() / f"{name}.toml"
     if not path.is_file():

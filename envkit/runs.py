@@ -10,7 +10,7 @@ from pathlib import Path
 
 from envkit import paths
 from envkit.errors import RunError
-from envkit.launch import LOG, RUN_JSON, read_run
+from envkit.rundir import LOG, RUN_JSON, read_run
 
 
 def _alive(pid: int | None) -> bool:

@@ -24,7 +24,7 @@ def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
 
 
 def trainer_args(preset: str | None, config: str | None) -> list[str]:
-    return ["--config", str(Path(config).resolve())] if config else ["--preset", preset or "tiny"]
+    return ["--config", str(Path(config).resolve())] if config else ["--preset", preset or paths.DEFAULT_PRESET]
 
 
 def run_trainer(venv: Venv, args: list[str], env: dict[str, str], *, timeout: float | None = None,

@@ -49,6 +49,11 @@ class Venv:
                 values[key.strip()] = value.strip()
         return values
 
+    def python_version(self) -> str:
+        """The venv's Python version: uv writes `version_info`, a stdlib venv writes `version`."""
+        cfg = self.pyvenv_cfg()
+        return cfg.get("version_info") or cfg.get("version", "")
+
     def manifest(self) -> dict | None:
         """envkit.json, or None when the venv was not made by envkit."""
         try:
@@ -89,9 +94,9 @@ def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv
     """--venv PATH, else the profile's managed venv; it must exist and be a venv."""
     from envkit import paths
 
-    path = Path(venv_path) if venv_path else paths.default_venv(profile_name or "cpu")
+    path = Path(venv_path) if venv_path else paths.default_venv(profile_name or paths.DEFAULT_PROFILE)
     venv = Venv(path.expanduser().absolute())
     if not venv.path.exists():
-        raise VenvError(f"{venv.path} does not exist; create it with `envkit create --profile {profile_name or 'cpu'}`"
+        raise VenvError(f"{venv.path} does not exist; create it with `envkit create --profile {profile_name or paths.DEFAULT_PROFILE}`"
                         + (f" --venv {venv_path}" if venv_path else ""))
     return venv.require()

@@ -175,6 +175,34 @@ def test_a_failing_drafter_thread_ends_the_run_quickly(tmp_path):
     trainer.close()
 
 
+def test_a_stalled_replica_breaks_the_run_with_an_error_not_a_hang(tmp_path, monkeypatch):
+    from trainer import pipeline
+
+    monkeypatch.setattr(pipeline, "BARRIER_TIMEOUT_S", 2.0)
+    trainer = small_threaded(tmp_path, steps=10_000, compile=False, fail_at="drafter:1:3:stall")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="lost step sync"):
+        trainer.train()
+    assert time.monotonic() - started < 30
+    trainer.close()
+
+
+def test_a_slow_target_worker_keeps_out_of_order_results_bounded(tmp_path):
+    from trainer.pipeline import MAX_AHEAD, ThreadedTrainer
+    from trainer.config import tiny
+
+    cfg = tiny()
+    cfg.data.buckets, cfg.data.num_sequences, cfg.data.eval_sequences = [64], 32, 4
+    cfg.steps, cfg.eval_every, cfg.ckpt_every, cfg.compile = 40, 0, 0, False
+    cfg.walk_prompts, cfg.walk_new_tokens = 1, 8
+    trainer = ThreadedTrainer(cfg, tmp_path / "run", targets=["cpu", "cpu", "cpu"], drafters=["cpu"],
+                              log=lambda m: None, fail_at="target:0:2:slow")
+    trainer.train()
+    assert trainer.step_count == 40
+    assert 1 <= trainer.max_pending <= MAX_AHEAD + 1
+    trainer.close()
+
+
 def test_failure_exits_nonzero_with_the_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--out", str(tmp_path / "o"), "--no-compile",
                            "--steps", "50", "--targets", "cpu", "--drafters", "cpu,cpu", "--fail-at", "target:0:2"],

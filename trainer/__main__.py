@@ -4,53 +4,61 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-from trainer.config import TrainConfig, preset
+from trainer.config import TrainConfig, resolve
 from trainer.target import TrainerInputError
 
 
 def _config(args) -> TrainConfig:
-    cfg = TrainConfig.from_dict(json.loads(Path(args.config).read_text())) if args.config else preset(args.preset)
-    overrides = {"steps": args.steps, "batch_size": args.batch_size, "num_anchors": args.num_anchors,
-                 "attention": args.attention, "seed": args.seed, "compile": args.compile}
-    for name, value in overrides.items():
-        if value is not None:
-            setattr(cfg, name, value)
-    if args.data:
-        cfg.data.path = args.data
-    if args.target:
-        cfg.target.path = args.target
-    if args.tokenizer:
-        cfg.data.tokenizer = args.tokenizer
-    if args.skip_bad:
-        cfg.data.skip_bad = True
-    if args.chat_template_kwargs:
+    """CLI > --config file > preset, resolved once (trainer.config.resolve)."""
+    file_values = None
+    if args.config:
         try:
-            kwargs = json.loads(args.chat_template_kwargs)
-        except ValueError as exc:
-            raise TrainerInputError(f"--chat-template-kwargs is not JSON ({exc}); e.g. '{{\"enable_thinking\": false}}'")
-        if not isinstance(kwargs, dict):
-            raise TrainerInputError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-        cfg.data.chat_template_kwargs = kwargs
-    cfg.__post_init__()  # re-validate after overrides
-    return cfg
+            file_values = json.loads(Path(args.config).read_text())
+        except (OSError, ValueError) as exc:
+            raise TrainerInputError(f"--config {args.config}: cannot read a JSON config ({exc})") from None
+    overrides = {"steps": args.steps, "batch_size": args.batch_size, "num_anchors": args.num_anchors,
+                 "attention": args.attention, "seed": args.seed, "compile": args.compile, "data.path": args.data,
+                 "target.path": args.target, "data.tokenizer": args.tokenizer,
+                 "data.skip_bad": True if args.skip_bad else None,
+                 "data.chat_template_kwargs": _template_kwargs(args.chat_template_kwargs)}
+    return resolve(args.preset, file_values, {k: v for k, v in overrides.items() if v is not None})
+
+
+def _template_kwargs(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        kwargs = json.loads(text)
+    except ValueError as exc:
+        raise TrainerInputError(f"--chat-template-kwargs is not JSON ({exc}); e.g. '{{\"enable_thinking\": false}}'")
+    if not isinstance(kwargs, dict):
+        raise TrainerInputError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return kwargs
 
 
 class Stop(Exception):
-    """SIGTERM: checkpoint and leave like Ctrl-C does."""
+    """A signal outside any step (or a second one): leave now; there is no half-done step to lose."""
 
 
-def _raise_stop(signum, frame):
-    raise Stop
+def _stop_at_step_boundary(trainer, received: list[int]):
+    """SIGINT/SIGTERM set the trainer's flag; it stops at the next step boundary and checkpoints there."""
+    def handler(signum, frame):
+        first = not received
+        received.append(signum)
+        if not (first and trainer.request_stop()):
+            raise Stop
+
+    return handler
 
 
 def _distributed():
     """torch.distributed under torchrun (gloo on CPU, NCCL on GPU), else None."""
-    import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
@@ -63,7 +71,6 @@ def _distributed():
 
 def _make_trainer(args, cfg, log):
     """The single-thread loop, or the threaded pipeline for --targets/--drafters or torchrun."""
-    import os
 
     import torch
 
@@ -86,16 +93,21 @@ def _make_trainer(args, cfg, log):
 
 def cmd_train(args) -> int:
     cfg = _config(args)
+    from trainer.loop import Interrupted
+
     trainer = _make_trainer(args, cfg, lambda m: print(m, flush=True))
-    signal.signal(signal.SIGTERM, _raise_stop)
+    received: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop_at_step_boundary(trainer, received))
     try:
         summary = trainer.train()
-    except (KeyboardInterrupt, Stop) as exc:
+    except (Interrupted, Stop):
         path = trainer.save_checkpoint()
         print(f"interrupted at step {trainer.step_count}; checkpoint {path}", flush=True)
-        return 143 if isinstance(exc, Stop) else 130
+        return 143 if received and received[0] == signal.SIGTERM else 130
     finally:
         trainer.close()
+    write_summary(Path(args.out), summary)
     if not summary:  # a torchrun rank other than 0: rank 0 reports
         return 0
     print(json.dumps(summary), flush=True)
@@ -104,6 +116,15 @@ def cmd_train(args) -> int:
           f"{summary['walk_copy_tau']:.2f}: {verdict}); teacher-forced tau {summary['tau_start']:.2f} -> "
           f"{summary['tau_end']:.2f}; loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}", flush=True)
     return 0
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """Results are a file: envkit reads summary.json, never the log."""
+    if not summary:
+        return
+    tmp = out / ".summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out / "summary.json")
 
 
 def cmd_eval(args) -> int:
@@ -193,10 +214,13 @@ def cmd_load_cache(args) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    # One flag set for train, warmup and describe, so that envkit hands a run's arguments to each; flags that
+    # do not decide the config (devices, threads) only matter to train.
     for name in ("train", "warmup", "describe"):
         p = sub.add_parser(name)
-        p.add_argument("--preset", default="tiny", help="tiny | qwen3_8b")
-        p.add_argument("--config", help="a JSON TrainConfig instead of a preset")
+        p.add_argument("--preset", help="tiny (default) | qwen3_8b")
+        p.add_argument("--config", help="a JSON config: a full one (a run's config.json), or a preset's changes "
+                                        "({\"preset\": \"tiny\", \"steps\": 50}); flags override it")
         p.add_argument("--out", required=name != "describe", help="run directory (metrics.jsonl, checkpoint.pt)")
         p.add_argument("--steps", type=int)
         p.add_argument("--batch-size", type=int)
@@ -213,14 +237,13 @@ def main(argv=None) -> int:
                        help='chat template kwargs for conversation data, e.g. \'{"enable_thinking": false}\'; '
                             "recorded in the run and the export")
         p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-        if name == "train":
-            p.add_argument("--targets", help="devices of target worker threads, e.g. cuda:0,cuda:1 or cpu")
-            p.add_argument("--drafters", help="devices of drafter replica threads, e.g. cuda:2,cuda:3 or cpu,cpu")
-            p.add_argument("--strict-compile", action="store_true",
-                           help="stop at the first recompile or eager fallback after warm-up")
-            p.add_argument("--no-mitigations", action="store_true",
-                           help="threads without threadsafe.install() and the compile gate (to measure them)")
-            p.add_argument("--fail-at", help=argparse.SUPPRESS)  # KIND:INDEX:STEP, raises there (tests)
+        p.add_argument("--targets", help="devices of target worker threads, e.g. cuda:0,cuda:1 or cpu")
+        p.add_argument("--drafters", help="devices of drafter replica threads, e.g. cuda:2,cuda:3 or cpu,cpu")
+        p.add_argument("--strict-compile", action="store_true",
+                       help="stop at the first recompile or eager fallback after warm-up")
+        p.add_argument("--no-mitigations", action="store_true",
+                       help="threads without threadsafe.install() and the compile gate (to measure them)")
+        p.add_argument("--fail-at", help=argparse.SUPPRESS)  # KIND:INDEX:STEP, raises there (tests)
         if name == "warmup":
             p.add_argument("--export", help="after warming, write torch's Mega-Cache blob to this file")
     p = sub.add_parser("load-cache")

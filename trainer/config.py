@@ -82,7 +82,11 @@ class TrainConfig:
         for name in ("target", "drafter", "data"):
             value = getattr(self, name)
             if isinstance(value, dict):  # loaded from a checkpoint or a JSON config
-                setattr(self, name, {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig}[name](**value))
+                setattr(self, name, _build(SECTIONS[name], value, name))
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.data.source not in ("generate", "random"):
+            raise ValueError(f"data.source must be generate or random, not {self.data.source!r}")
         if self.drafter.block_size < 2:
             raise ValueError("drafter.block_size must be at least 2 (an anchor and one predicted token)")
         if self.num_anchors < 1 or self.batch_size < 1:
@@ -111,7 +115,45 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
-        return cls(**data)
+        return _build(cls, data, "config")
+
+
+def _build(kind, values, where: str):
+    """A config dataclass from a dict, naming an unknown key instead of a TypeError."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{where} must be a JSON object, not {type(values).__name__}")
+    known = {f.name for f in dataclasses.fields(kind)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown config key {where}.{unknown[0]}" if where != "config" else
+                         f"unknown config key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    return kind(**values)
+
+
+def _merge(base: dict, override: dict, where: str = "config") -> dict:
+    """override's values on top of base's, section by section; a key base lacks is an error naming it."""
+    merged = dict(base)
+    for key, value in override.items():
+        if key not in base:
+            raise ValueError(f"unknown config key {where}.{key}" if where != "config" else
+                             f"unknown config key {key!r}; known: {', '.join(sorted(base))}")
+        merged[key] = _merge(base[key], value, key if where == "config" else f"{where}.{key}") \
+            if isinstance(base[key], dict) and isinstance(value, dict) and key in SECTIONS else value
+    return merged
+
+
+def resolve(preset_name: str | None = None, file_values: dict | None = None, overrides: dict | None = None) -> TrainConfig:
+    """The config of a run, resolved once: CLI overrides > JSON file > preset (the file's `preset`, else the
+    given name, else tiny). A partial file ({"preset": "tiny", "steps": 50}) is that preset with its changes."""
+    file_values = file_values or {}
+    if not isinstance(file_values, dict):
+        raise ValueError(f"a config file must hold a JSON object, not {type(file_values).__name__}")
+    name = file_values.get("preset") or preset_name or "tiny"
+    merged = _merge(preset(name).to_dict(), file_values)
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.rpartition(".")
+        merged = _merge(merged, {section: {key: value}} if section else {key: value})
+    return TrainConfig.from_dict(merged)
 
 
 def tiny() -> TrainConfig:
@@ -143,6 +185,7 @@ def qwen3_8b() -> TrainConfig:
 
 
 PRESETS = {"tiny": tiny, "qwen3_8b": qwen3_8b}
+SECTIONS = {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig}
 
 
 def preset(name: str) -> TrainConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import resource
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.target import TrainerInputError, build_target, sync_config_from_model, tapped_states
 
 CHECKPOINT = "checkpoint.pt"
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM took effect at a step boundary: the state is that of the steps completed."""
 
 
 def to_device(tensors: tuple, device: torch.device) -> tuple:
@@ -102,6 +107,10 @@ class Trainer:
         self.recent_losses: list[float] = []  # the summary's end loss is their mean: one batch is noisy
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self._metrics = None
+        # Signals only set this; the loop stops at the next step boundary, so a checkpoint never holds
+        # step s+1's weights labelled step s.
+        self.interrupt = threading.Event()
+        self._in_step = False
         if resume:
             self.load_state_dict(checkpoint.load(self.out_dir / CHECKPOINT))
             self.log(f"resumed from {self.out_dir / CHECKPOINT} at step {self.step_count}")
@@ -139,9 +148,9 @@ class Trainer:
         else:
             started = time.perf_counter()
             train = datasets.generate(self.target, cfg.data, cfg.data.num_sequences, self.mask_token_id,
-                                      cfg.seed + 1, block, self.device)
+                                      cfg.seed + 1, block, self.target_device)
             eval_data = datasets.generate(self.target, cfg.data, cfg.data.eval_sequences, self.mask_token_id,
-                                          cfg.seed + 2, block, self.device)
+                                          cfg.seed + 2, block, self.target_device)
             self.log(f"generated {len(train.sequences)} training and {len(eval_data.sequences)} held-out sequences "
                      f"from the target in {time.perf_counter() - started:.1f}s")
         if train.dropped_short or train.truncated or train.skipped_bad:
@@ -163,8 +172,23 @@ class Trainer:
                                                    cfg.drafter.block_size, cfg.drafter.gamma, self.mask_token_id)
         return tapped, block_ids, anchors, labels, weights
 
+    def request_stop(self) -> bool:
+        """From a signal handler: stop at the next step boundary. False when no step is under way (stop now)."""
+        self.interrupt.set()
+        return self.busy()
+
+    def busy(self) -> bool:
+        return self._in_step
+
     def step(self) -> dict:
         """One optimizer step on the batch of `step_count`; returns the metrics row."""
+        self._in_step = True
+        try:
+            return self._step()
+        finally:
+            self._in_step = False
+
+    def _step(self) -> dict:
         cfg = self.cfg
         started = time.perf_counter()
         batch = self.train_data.batch(self.step_count, cfg.batch_size, cfg.seed)
@@ -276,6 +300,8 @@ class Trainer:
         self._log_eval(first_eval)
         row = {}
         while self.step_count < cfg.steps:
+            if self.interrupt.is_set():
+                raise Interrupted
             row = self.step()
             self._write(row)
             if self.step_count % cfg.log_every == 0 or self.step_count == cfg.steps:

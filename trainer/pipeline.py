@@ -17,11 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from trainer import threadsafe
-from trainer.loop import Trainer, _peak_memory, to_device
+from trainer.loop import Interrupted, Trainer, _peak_memory, to_device
 from trainer.monitor import inductor_cache_counters
 from trainer.target import build_target
 
 POLL_S = 0.2  # how often blocked threads look at the stop flag
+MAX_AHEAD = 4  # steps target workers may run ahead of the drafters (bounds queued and pending results)
+BARRIER_TIMEOUT_S = 600.0  # a replica slower than this per step is stuck, not slow
 
 
 class Stopped(Exception):
@@ -75,6 +77,10 @@ class ThreadedTrainer(Trainer):
         self._grads: list[list[torch.Tensor] | None] = [None] * len(self.all_replicas)
         self._mean_grads: list[torch.Tensor] = []
         self.thread_tokens_per_s: dict[str, float] = {}
+        self._training = False
+        self._drafters_at = 0  # the step the drafter replicas work on
+        self.max_pending = 0  # out-of-order results a drafter held at once (bounded by MAX_AHEAD)
+        self._stop_after_step = False  # decided by replica 0 inside a step, read by all: they stop together
 
     @property
     def replicas(self):
@@ -88,7 +94,13 @@ class ThreadedTrainer(Trainer):
     def _check(self, kind: str, index: int, step: int) -> None:
         if self.stop.is_set():
             raise Stopped
-        if self.fail_at == (kind, index, step):
+        if self.fail_at and self.fail_at[:3] == (kind, index, step):
+            if self.fail_at[3] == "stall":  # a worker that hangs: the others must not wait forever
+                self.stop.wait()
+                raise Stopped
+            if self.fail_at[3] == "slow":  # a worker far behind the others: memory must stay bounded
+                time.sleep(2.0)
+                return
             raise InjectedFailure(f"--fail-at {kind}:{index}:{step}")
 
     def _put(self, q: queue.Queue, item) -> None:
@@ -109,11 +121,22 @@ class ThreadedTrainer(Trainer):
             except queue.Empty:
                 continue
 
+    def _wait_for_room(self, step: int) -> None:
+        """Target workers run at most MAX_AHEAD steps ahead of the drafters: out-of-order results stay bounded."""
+        while step >= self._drafters_at + MAX_AHEAD:
+            if self.stop.is_set():
+                raise Stopped
+            time.sleep(0.005)
+
     def _wait(self) -> None:
         try:
-            self.barrier.wait(timeout=600)
+            self.barrier.wait(timeout=BARRIER_TIMEOUT_S)
         except threading.BrokenBarrierError:
-            raise Stopped from None
+            if self.stop.is_set():
+                raise Stopped from None
+            # Nobody asked to stop: a replica stalled past the timeout or left. That is the run's error.
+            raise RuntimeError(f"drafter replicas lost step sync (a replica stalled over {BARRIER_TIMEOUT_S:.0f}s "
+                               f"or exited); the run stops here") from None
 
     def _thread(self, name: str, body, *args) -> threading.Thread:
         def run():
@@ -142,6 +165,7 @@ class ThreadedTrainer(Trainer):
             step += self._start_step
             if step >= self.cfg.steps:
                 return
+            self._wait_for_room(step)
             self._check("target", index, step)
             global_index = (step * self.world_size + rank) * replicas + replica
             batch = self.train_data.batch(global_index, self.cfg.batch_size, self.cfg.seed)
@@ -160,6 +184,7 @@ class ThreadedTrainer(Trainer):
             while step not in pending:
                 job = self._get(self.queues[index])
                 pending[job.step] = job
+                self.max_pending = max(self.max_pending, len(pending))
             job = pending.pop(step)
             self._check("drafter", index, step)
             replica.drafter.train()
@@ -171,12 +196,17 @@ class ThreadedTrainer(Trainer):
             tokens += job.tokens
             self._record(index, step, float(loss.detach()), job)  # host sync once per step
             self.thread_tokens_per_s[f"drafter{index}"] = round(tokens / (time.perf_counter() - started), 1)
+            if index == 0:
+                self._drafters_at = step + 1  # replicas move in lockstep: one of them speaks for all
+            if self._stop_after_step:
+                return
 
     def _average_gradients(self, index: int, replica) -> None:
         params = [p for p in replica.drafter.parameters() if p.requires_grad]
         self._grads[index] = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         self._wait()
         if index == 0:
+            self._stop_after_step = self.interrupt.is_set()  # every replica reads it after the next wait
             self._mean_grads = _mean_across(self._grads, replica.device)
             if self.dist:
                 for grad in self._mean_grads:
@@ -217,23 +247,25 @@ class ThreadedTrainer(Trainer):
         if first_eval:
             self._log_eval(first_eval)
         self._completed: queue.Queue = queue.Queue()
-        self._start_step = self.step_count
+        self._start_step = self._drafters_at = self.step_count
         # Every key exists before the threads start: the main thread copies this dict while they update it.
         self.thread_tokens_per_s = {f"drafter{i}": 0.0 for i in range(len(self.all_replicas))}
         threads = [self._thread(f"target{i}", self._target_worker, i) for i in range(len(self.targets))]
         threads += [self._thread(f"drafter{i}", self._drafter_worker, i) for i in range(len(self.all_replicas))]
+        drafters = threads[len(self.targets):]
         for thread in threads:
             thread.start()
+        self._training = True
         row = {}
         step_started = time.perf_counter()
         try:
             while self.step_count < cfg.steps:
-                if self.errors:
+                if self.errors or (self.interrupt.is_set() and not any(t.is_alive() for t in drafters)):
                     break
                 try:
                     step, loss, tokens, bucket = self._completed.get(timeout=POLL_S)
                 except queue.Empty:
-                    if not any(t.is_alive() for t in threads):
+                    if not any(t.is_alive() for t in drafters):  # nothing more can complete
                         break
                     continue
                 now = time.perf_counter()
@@ -251,13 +283,27 @@ class ThreadedTrainer(Trainer):
         finally:
             if self.errors:
                 self.stop.set()
+            for thread in drafters:  # they end after the last step, the interrupted one, or on an error
+                thread.join()
+            self.stop.set()  # target workers may wait on full queues nobody will empty
             for thread in threads:
-                thread.join(timeout=30)
+                thread.join()
+            self._training = False
         if self.errors:
             raise self.errors[0]
+        while not self._completed.empty():  # steps every replica finished after the loop stopped reading
+            step, loss, tokens, bucket = self._completed.get()
+            self.step_count = step + 1
+            row = self._row(loss, tokens * self.world_size, time.perf_counter() - step_started, bucket)
+            self._after_step(row)
         rank = self.dist.get_rank() if self.dist else 0
         self.log(f"rank {rank}: drafter weights sha256 {weights_digest(self.replica.drafter)[:16]}, replicas "
                  f"identical: {len({weights_digest(r.drafter) for r in self.all_replicas}) == 1}")
+        if self.interrupt.is_set() and self.step_count < cfg.steps:
+            raise Interrupted
+        if self.step_count < cfg.steps:
+            raise RuntimeError(f"the drafter threads ended at step {self.step_count} of {cfg.steps} without an error; "
+                               f"this is a bug")
         final_eval = self.evaluate() if self._is_writer() else {}
         if final_eval:
             self._log_eval(final_eval)
@@ -292,6 +338,9 @@ class ThreadedTrainer(Trainer):
         if cfg.ckpt_every and self.step_count % cfg.ckpt_every == 0:
             self.save_checkpoint()
 
+    def busy(self) -> bool:
+        return self._training
+
     def _is_writer(self) -> bool:
         return not self.dist or self.dist.get_rank() == 0
 
@@ -325,5 +374,5 @@ def _mean_across(grads: list[list[torch.Tensor]], device: torch.device) -> list[
 def _parse_fail_at(spec: str | None):
     if not spec:
         return None
-    kind, index, step = spec.split(":")
-    return kind, int(index), int(step)
+    kind, index, step, *how = spec.split(":")  # KIND:INDEX:STEP[:stall|slow]
+    return kind, int(index), int(step), (how or ["raise"])[0]

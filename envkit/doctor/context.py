@@ -49,8 +49,7 @@ class Context:
 
     @functools.cached_property
     def python_version(self) -> str:
-        cfg = self.venv.pyvenv_cfg()
-        return cfg.get("version_info") or cfg.get("version", "")
+        return self.venv.python_version()
 
     @functools.cached_property
     def torch_build(self) -> dict[str, str | None] | None:

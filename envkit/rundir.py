@@ -1,0 +1,61 @@
+"""A run directory and its files: the one owner of run.json's format.
+
+RUN_DIR/run.json (status, command, versions, cache, summary), config.json (the resolved config that
+describe, warm-up and train read), train.log, metrics.jsonl, summary.json, checkpoint.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from envkit.errors import RunError
+from envkit.venv import write_json_atomic
+
+RUN_JSON = "run.json"
+CONFIG_JSON = "config.json"
+SUMMARY_JSON = "summary.json"
+LOG = "train.log"
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def check_run_name(name: str) -> str:
+    if not RUN_NAME.match(name):
+        raise RunError(f"run name {name[:120]!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter "
+                       f"or digit; choose another --name")
+    return name
+
+
+def update_run(run_dir: Path, **fields) -> dict:
+    """Read, change, write atomically: readers see the old record or the new one."""
+    record = read_run(run_dir)
+    record.update(fields)
+    write_json_atomic(run_dir / RUN_JSON, record)
+    return record
+
+
+def read_run(run_dir: Path) -> dict:
+    try:
+        record = json.loads((run_dir / RUN_JSON).read_text())
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{run_dir / RUN_JSON} is unreadable ({exc})") from None
+    if not isinstance(record, dict):
+        raise RunError(f"{run_dir / RUN_JSON} is not a run record (a JSON object); it was not written by envkit")
+    return record
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """The trainer's summary.json (results are files, not lines in a log)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
