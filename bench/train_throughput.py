@@ -32,7 +32,7 @@ def run_variant(args) -> dict:
     import torch
 
     from trainer.config import preset
-    from trainer.flops import sequence_flops
+    from trainer.flops import sequence_flops, useful_flops
     from trainer.loop import Trainer
 
     attention, compiled = VARIANTS[args.variant]
@@ -47,8 +47,12 @@ def run_variant(args) -> dict:
         cfg.batch_size = args.batch_size
     if args.num_anchors:
         cfg.num_anchors = args.num_anchors
-    cfg.data.num_sequences = max(8, cfg.batch_size * 4)
+    cfg.data.num_sequences = args.num_sequences or max(8, cfg.batch_size * 4)
     cfg.data.eval_sequences = 1
+    if args.data_source:
+        cfg.data.source = args.data_source
+    if args.packing is not None:
+        cfg.data.packing = args.packing
     out = Path(tempfile.mkdtemp(prefix="envkit-bench-tp-"))
     started = time.perf_counter()
     if args.targets or args.drafters:
@@ -84,10 +88,14 @@ def run_variant(args) -> dict:
     step_tokens = [cfg.batch_size * replicas * r["bucket"] for r in rows]
     step_s = [tokens / r["tokens_per_s"] for tokens, r in zip(step_tokens, rows)]
     flops = [cfg.batch_size * replicas * sequence_flops(cfg, r["bucket"])["total"] for r in rows]
+    useful = [r["useful_tokens_per_s"] * s for r, s in zip(rows, step_s)]
+    # Useful-token FLOPs: padding, attention across documents and unplaced anchors count nothing.
+    flops_useful = [useful_flops(cfg, int(u), r["doc_tokens_sq"], r["anchors"]) for u, r in zip(useful, rows)]
     peaks = [r["peak_mem_bytes"] if isinstance(r["peak_mem_bytes"], int) else max(r["peak_mem_bytes"].values())
              for r in rows]
     tokens_per_s = sum(step_tokens) / sum(step_s)
     achieved = sum(flops) / sum(step_s)
+    achieved_useful = sum(flops_useful) / sum(step_s)
     peak_tflops = args.peak_tflops if args.peak_tflops else (790.0 if device.type == "cuda" else None)
     # MFU is per GPU: the achieved rate over the peak of every distinct device the run used.
     gpus = len({d for d in (args.targets + "," + args.drafters).split(",") if d}) or 1
@@ -95,9 +103,13 @@ def run_variant(args) -> dict:
         "variant": args.variant, "preset": args.preset, "device": torch.cuda.get_device_name(0)
         if device.type == "cuda" else "cpu", "torch": torch.__version__,
         "triton": _version("triton"), "steps": len(rows), "batch_size": cfg.batch_size, "num_anchors": cfg.num_anchors,
-        "buckets": cfg.data.buckets, "replicas": replicas, "mitigations": not args.no_mitigations, "tokens_per_s": round(tokens_per_s, 1),
-        "tflops_per_s": round(achieved / 1e12, 1),
+        "buckets": cfg.data.buckets, "replicas": replicas, "mitigations": not args.no_mitigations,
+        "data_source": cfg.data.source, "packing": cfg.data.packing, "tokens_per_s": round(tokens_per_s, 1),
+        "useful_tokens_per_s": round(sum(useful) / sum(step_s), 1),
+        "pad_fraction": round(1 - sum(useful) / sum(step_tokens), 4),
+        "tflops_per_s": round(achieved / 1e12, 1), "useful_tflops_per_s": round(achieved_useful / 1e12, 1),
         "gpus": gpus, "mfu": round(achieved / (gpus * peak_tflops * 1e12), 4) if peak_tflops else None,
+        "useful_mfu": round(achieved_useful / (gpus * peak_tflops * 1e12), 4) if peak_tflops else None,
         "step_s_median": round(statistics.median(step_s), 4),
         "step_s_p90": round(sorted(step_s)[int(0.9 * (len(step_s) - 1))], 4),
         "peak_mem_gib_min": round(min(peaks) / 2**30, 2), "peak_mem_gib_max": round(max(peaks) / 2**30, 2),
@@ -128,6 +140,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--num-anchors", type=int)
     parser.add_argument("--device")
+    parser.add_argument("--data-source", choices=["random", "chat_lengths", "generate"],
+                        help="chat_lengths: a log-normal length mix (median 800, p90 2500 tokens)")
+    parser.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--num-sequences", type=int, help="training sequences to draw (default: 4 batches)")
     parser.add_argument("--targets", default="")
     parser.add_argument("--drafters", default="")
     parser.add_argument("--no-mitigations", action="store_true")
@@ -157,8 +173,9 @@ def main() -> None:
         if args.out:
             with open(args.out, "a") as handle:
                 handle.write(json.dumps(result) + "\n")
-    keys = ["tokens_per_s", "mfu", "tflops_per_s", "step_s_median", "step_s_p90", "peak_mem_gib_min",
-            "peak_mem_gib_max", "eager_fallbacks", "recompiles", "warmup_s"]
+    keys = ["tokens_per_s", "useful_tokens_per_s", "pad_fraction", "mfu", "useful_mfu", "tflops_per_s",
+            "step_s_median", "step_s_p90", "peak_mem_gib_min", "peak_mem_gib_max", "eager_fallbacks", "recompiles",
+            "warmup_s"]
     print(f"{'':18}" + "".join(f"{r['variant']:>14}" for r in results))
     for key in keys:
         print(f"{key:18}" + "".join(f"{str(r.get(key, r.get('error', '-')))[:13]:>14}" for r in results))

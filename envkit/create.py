@@ -102,6 +102,7 @@ def manifest_for(profile: Profile, python_version: str) -> dict:
 def sync(venv: Venv, profile: Profile, links: list[str], *, offline: bool, no_index: bool,
          reinstall: list[str] | tuple[str, ...] = ()) -> None:
     """Make the venv hold exactly the lock: `uv pip sync --require-hashes` (also used by doctor --fix)."""
+    profile.check_complete()
     with tempfile.NamedTemporaryFile("w", prefix="envkit-sync-", suffix=".txt") as reqs:
         reqs.write(profile.requirements_txt())
         reqs.flush()
@@ -173,6 +174,7 @@ def create(profile_name: str | None = None, lock_path: str | None = None, venv_p
     profile = profiles.load(profile_name, lock_path)
     if not profile.packages:
         raise VenvError(f"{profile.path} has no [[package]] table; run `envkit lock --lock {profile.path}` first")
+    profile.check_complete()
     target = Path(venv_path) if venv_path else paths.default_venv(profile.name)
     target = target.expanduser().absolute()
     if target.parent == target or target == Path.home():

@@ -64,6 +64,11 @@ class Profile:
         wanted = canonicalize_name(name)
         return next((p for p in self.packages if p.name == wanted), None)
 
+    def check_complete(self) -> None:
+        """Before anything is installed: the package table satisfies the profile's own requirements, so a lock
+        cut short or edited by hand is refused (`envkit lock` regenerates the table and needs no such check)."""
+        _check_requirements(list(self.requirements), list(self.packages), self.path)
+
     def requirements_txt(self) -> str:
         """The package table as a hashed requirements file for `uv pip sync --require-hashes`."""
         return "".join(p.requirement_line() + "\n" for p in self.packages)
@@ -177,13 +182,13 @@ def parse(data: dict, path: Path) -> Profile:
     if not isinstance(table, dict):
         raise ProfileError(f"{path}: no [profile] table; see lockfiles/cpu.toml for the format")
     requirements = _require(table, "requirements", list, "[profile]", path)
+    _check_requirements(requirements, [], path)  # syntax now; against the table before installing
     entries = data.get("package", [])
     if not isinstance(entries, list):
         raise ProfileError(f"{path}: `package` must be an array of tables ([[package]])")
     packages = [_package(entry, f"[[package]] #{index + 1}", path) for index, entry in enumerate(entries)]
     if len({p.name for p in packages}) != len(packages):
         raise ProfileError(f"{path}: a package appears twice in [[package]]; run `envkit lock --lock {path}`")
-    _check_requirements(requirements, packages, path)
     return Profile(
         name=check_profile_name(_require(table, "name", str, "[profile]", path), f"{path}: [profile].name"),
         description=table.get("description", ""),

@@ -153,7 +153,7 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
     other.start()
     try:
         replica = trainer.all_replicas[0]
-        odd = collate(trainer.train_data.sequences[:2], 96)
+        odd = collate([[seq] for seq in trainer.train_data.sequences[:2]], 96)
         with trainer.gate.for_shape((0, 96)) as compiling:
             replica.loss_fn(*to_device(trainer._prepare(odd, torch.Generator().manual_seed(1)), replica.device)).backward()
     finally:

@@ -253,7 +253,9 @@ def test_tiny_cli_learns_and_writes_metrics(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r]
-    evals = [r for r in rows if r.get("eval")]
+    evals = [r for r in rows if r.get("eval") and r["method"] == "teacher_forced"]
+    [walk] = [r for r in rows if r.get("method") == "walk"]
+    assert walk["walk_tau"] >= 1 and {"walk_repeat_tau", "walk_copy_tau", "walk_near_ties"} <= walk.keys()
     assert len(steps) == 300 and {"step", "loss", "tokens_per_s", "lr", "peak_mem_bytes"} <= steps[0].keys()
     assert {"acceptance_length", "baseline_repeat_tau", "baseline_copy_tau"} <= evals[-1].keys()
     assert evals[-1]["acceptance_length"] > evals[0]["acceptance_length"]

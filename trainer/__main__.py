@@ -25,7 +25,7 @@ def _config(args) -> TrainConfig:
     overrides = {"steps": args.steps, "batch_size": args.batch_size, "num_anchors": args.num_anchors,
                  "attention": args.attention, "seed": args.seed, "compile": args.compile, "data.path": args.data,
                  "target.path": args.target, "data.tokenizer": args.tokenizer,
-                 "data.skip_bad": True if args.skip_bad else None,
+                 "data.skip_bad": True if args.skip_bad else None, "data.packing": args.packing,
                  "data.chat_template_kwargs": _template_kwargs(args.chat_template_kwargs)}
     return resolve(args.preset, file_values, {k: v for k, v in overrides.items() if v is not None})
 
@@ -233,6 +233,8 @@ def main(argv=None) -> int:
         p.add_argument("--seed", type=int)
         p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
         p.add_argument("--skip-bad", action="store_true", help="count and skip malformed JSONL lines")
+        p.add_argument("--packing", action=argparse.BooleanOptionalAction, default=None,
+                       help="several documents per row, each isolated (default: on); --no-packing: one per row")
         p.add_argument("--chat-template-kwargs", metavar="JSON",
                        help='chat template kwargs for conversation data, e.g. \'{"enable_thinking": false}\'; '
                             "recorded in the run and the export")

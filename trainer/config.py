@@ -41,6 +41,12 @@ class DataConfig:
     # Without a path: "generate" continues prompts with the target (learnable, tiny); "random" draws
     # uniform tokens (a shape-faithful throughput workload: decoding with an 8B target would take hours).
     source: str = "generate"
+    # "chat_lengths": uniform tokens with a chat-like length mix, log-normal with this median and 90th
+    # percentile (stated as such in bench/RESULTS.md), truncated at the largest bucket.
+    length_median: int = 800
+    length_p90: int = 2500
+    # Several documents in one row of a bucket's length, each isolated (target mask, drafter mask, positions).
+    packing: bool = True
     tokenizer: str | None = None  # for conversation JSONL; defaults to the target path
     # Passed to the chat template (e.g. {"enable_thinking": false}): train on what will be served.
     chat_template_kwargs: dict | None = None
@@ -85,8 +91,8 @@ class TrainConfig:
                 setattr(self, name, _build(SECTIONS[name], value, name))
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
-        if self.data.source not in ("generate", "random"):
-            raise ValueError(f"data.source must be generate or random, not {self.data.source!r}")
+        if self.data.source not in ("generate", "random", "chat_lengths"):
+            raise ValueError(f"data.source must be generate, random or chat_lengths, not {self.data.source!r}")
         if self.drafter.block_size < 2:
             raise ValueError("drafter.block_size must be at least 2 (an anchor and one predicted token)")
         if self.num_anchors < 1 or self.batch_size < 1:
@@ -107,6 +113,7 @@ class TrainConfig:
         """The fields that decide which graphs get compiled: part of the compile cache's env key."""
         return {"target": dataclasses.asdict(self.target), "drafter": dataclasses.asdict(self.drafter),
                 "buckets": self.data.buckets, "batch_size": self.batch_size, "num_anchors": self.num_anchors,
+                "packing": self.data.packing,
                 "dtype": self.dtype, "attention": self.attention, "compile": self.compile,
                 "lm_head_chunk": self.lm_head_chunk}
 

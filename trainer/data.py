@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,16 +22,23 @@ class Sequence:
 
 @dataclass
 class Dataset:
+    """Sequences in rows of a bucket's length: one sequence a row, or several when packed."""
     sequences: list[Sequence]
     buckets: list[int]
     dropped_short: int = 0  # too short for one block
     truncated: int = 0  # longer than the largest bucket
     skipped_bad: int = 0  # malformed lines skipped with --skip-bad
-    by_bucket: dict[int, list[int]] = field(default_factory=dict)
+    packing: bool = False
+    rows: list[list[int]] = field(default_factory=list)  # sequence indices of each row
+    by_bucket: dict[int, list[int]] = field(default_factory=dict)  # bucket -> row indices
 
     def __post_init__(self):
-        for index, seq in enumerate(self.sequences):
-            self.by_bucket.setdefault(bucket_for(len(seq.input_ids), self.buckets), []).append(index)
+        lengths = [len(seq.input_ids) for seq in self.sequences]
+        self.rows = pack(lengths, self.buckets[-1]) if self.packing else [[i] for i in range(len(self.sequences))]
+        self.by_bucket = {}
+        for index, row in enumerate(self.rows):
+            filled = sum(lengths[i] for i in row)
+            self.by_bucket.setdefault(bucket_for(filled, self.buckets), []).append(index)
 
     def batch(self, step: int, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
         """The batch of a step, a pure function of (seed, step): resuming replays the same batches."""
@@ -40,29 +48,62 @@ class Dataset:
         bucket = buckets[int(torch.multinomial(counts, 1, generator=generator))]
         members = self.by_bucket[bucket]
         picks = torch.randint(len(members), (batch_size,), generator=generator)
-        return collate([self.sequences[members[int(i)]] for i in picks], bucket)
+        return collate([self.row(members[int(i)]) for i in picks], bucket)
 
     def bucket_batch(self, bucket: int, batch_size: int) -> dict[str, torch.Tensor]:
-        """A batch of one bucket's shape, for warm-up; any sequences will do (or padding-only ones)."""
-        members = self.by_bucket.get(bucket) or list(range(len(self.sequences)))
-        return collate([self.sequences[members[i % len(members)]] for i in range(batch_size)], bucket)
+        """A batch of one bucket's shape, for warm-up; any rows will do (or padding-only ones)."""
+        members = self.by_bucket.get(bucket) or list(range(len(self.rows)))
+        return collate([self.row(members[i % len(members)]) for i in range(batch_size)], bucket)
+
+    def row(self, index: int) -> list[Sequence]:
+        return [self.sequences[i] for i in self.rows[index]]
 
 
-def collate(sequences: list[Sequence], length: int) -> dict[str, torch.Tensor]:
-    batch = len(sequences)
+def pack(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: sequence indices grouped into rows of at most `capacity` tokens."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        size = min(lengths[index], capacity)
+        target = next((r for r, free in enumerate(room) if free >= size), None)
+        if target is None:
+            rows.append([index])
+            room.append(capacity - size)
+        else:
+            rows[target].append(index)
+            room[target] -= size
+    return rows
+
+
+def collate(rows: list[list[Sequence]], length: int) -> dict[str, torch.Tensor]:
+    """Rows of one or more documents -> padded tensors. positions restart at 0 in every document (and
+    in the padding, which so forms a document of its own); doc_ids number the documents, -1 = padding."""
+    batch = len(rows)
     input_ids = torch.zeros((batch, length), dtype=torch.long)
     loss_mask = torch.zeros((batch, length), dtype=torch.bool)
+    positions = torch.zeros((batch, length), dtype=torch.long)
+    doc_ids = torch.full((batch, length), -1, dtype=torch.long)
     lengths = torch.zeros(batch, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        n = min(len(seq.input_ids), length)
-        input_ids[row, :n] = torch.tensor(seq.input_ids[:n])
-        loss_mask[row, :n] = torch.tensor(seq.loss_mask[:n], dtype=torch.bool)
-        lengths[row] = n
+    for r, docs in enumerate(rows):
+        start = 0
+        for d, seq in enumerate(docs):
+            n = min(len(seq.input_ids), length - start)
+            if n <= 0:
+                break
+            input_ids[r, start:start + n] = torch.tensor(seq.input_ids[:n])
+            loss_mask[r, start:start + n] = torch.tensor(seq.loss_mask[:n], dtype=torch.bool)
+            positions[r, start:start + n] = torch.arange(n)
+            doc_ids[r, start:start + n] = d
+            start += n
+        positions[r, start:] = torch.arange(length - start)
+        lengths[r] = start
     attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
-    return {"input_ids": input_ids, "loss_mask": loss_mask, "lengths": lengths, "attention_mask": attention_mask}
+    return {"input_ids": input_ids, "loss_mask": loss_mask, "lengths": lengths, "attention_mask": attention_mask,
+            "positions": positions, "doc_ids": doc_ids}
 
 
 def _finish(raw: list[Sequence], cfg: DataConfig, block_size: int, skipped_bad: int = 0) -> Dataset:
+    """Drop what cannot hold one block, truncate to the largest bucket; unpacked (callers pack training data)."""
     kept, short, truncated = [], 0, 0
     limit = cfg.buckets[-1]
     for seq in raw:
@@ -171,13 +212,24 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
     return _finish(sequences, cfg, block_size)
 
 
+def chat_lengths(cfg: DataConfig, count: int, generator: torch.Generator) -> list[int]:
+    """Log-normal lengths with the configured median and 90th percentile (z = 1.2816), at least 16 tokens."""
+    mu = math.log(cfg.length_median)
+    sigma = math.log(cfg.length_p90 / cfg.length_median) / 1.2816
+    draws = torch.exp(mu + sigma * torch.randn(count, generator=generator, dtype=torch.float64))
+    return [max(16, int(x)) for x in draws]
+
+
 def random_tokens(cfg: DataConfig, count: int, vocab: int, mask_token_id: int, seed: int, block_size: int) -> Dataset:
-    """Uniform random sequences spread over the buckets: a throughput workload, nothing to learn."""
+    """Uniform random tokens: a throughput workload, nothing to learn. Lengths fill the buckets in turn
+    (source "random") or follow a chat-like mix (source "chat_lengths")."""
     generator = torch.Generator().manual_seed(seed)
+    mix = chat_lengths(cfg, count, generator) if cfg.source == "chat_lengths" else None
     sequences = []
     for index in range(count):
-        length = cfg.buckets[index % len(cfg.buckets)]
+        length = mix[index] if mix else cfg.buckets[index % len(cfg.buckets)]
         ids = torch.randint(vocab - 1, (length,), generator=generator)
         ids[ids >= mask_token_id] += 1  # never the mask token
-        sequences.append(Sequence(ids.tolist(), [0] * cfg.prompt_len + [1] * (length - cfg.prompt_len)))
+        prompt = min(cfg.prompt_len, length // 4)
+        sequences.append(Sequence(ids.tolist(), [0] * prompt + [1] * (length - prompt)))
     return _finish(sequences, cfg, block_size)

@@ -64,6 +64,20 @@ def _resolve_mask_token(cfg: TrainConfig, tokenizer, embedding_rows: int) -> int
     return chosen
 
 
+def throughput(positions: int, useful: int, seconds: float) -> dict:
+    """tokens_per_s counts every position processed, padding included; useful_tokens_per_s only real tokens."""
+    return {"tokens_per_s": round(positions / seconds, 1), "useful_tokens_per_s": round(useful / seconds, 1),
+            "pad_fraction": round(1 - useful / positions, 4) if positions else 0.0}
+
+
+def work_stats(batch: dict, anchors: torch.Tensor) -> dict:
+    """What a step really computed, for useful-token FLOPs: the sum of squared document lengths (the
+    target's block-diagonal attention) and the anchors placed."""
+    docs = batch["doc_ids"]
+    counts = [torch.bincount(row[row >= 0]) for row in docs]
+    return {"doc_tokens_sq": int(sum(int((c * c).sum()) for c in counts)), "anchors": int((anchors >= 0).sum())}
+
+
 def _peak_memory(device: torch.device) -> int:
     """Peak since the last call on CUDA (a per-step peak shows whether memory is flat); process peak RSS on CPU."""
     if device.type == "cuda":
@@ -139,7 +153,7 @@ class Trainer:
             train = datasets.Dataset(train.sequences[:-held] or train.sequences, cfg.data.buckets,
                                      dropped_short=train.dropped_short, truncated=train.truncated,
                                      skipped_bad=train.skipped_bad)
-        elif cfg.data.source == "random":
+        elif cfg.data.source in ("random", "chat_lengths"):
             vocab = cfg.target.vocab_size
             train = datasets.random_tokens(cfg.data, cfg.data.num_sequences, vocab, self.mask_token_id, cfg.seed + 1,
                                            block)
@@ -156,6 +170,10 @@ class Trainer:
         if train.dropped_short or train.truncated or train.skipped_bad:
             self.log(f"data: dropped {train.dropped_short} too short for one block, truncated {train.truncated} "
                      f"to {cfg.data.buckets[-1]} tokens, skipped {train.skipped_bad} malformed lines")
+        if cfg.data.packing:  # held-out data stays one sequence a row: tau and the walk read documents alone
+            train = datasets.Dataset(train.sequences, cfg.data.buckets, dropped_short=train.dropped_short,
+                                     truncated=train.truncated, skipped_bad=train.skipped_bad, packing=True)
+            self.log(f"data: packed {len(train.sequences)} sequences into {len(train.rows)} rows")
         return train, eval_data
 
     def _prepare(self, batch: dict, generator: torch.Generator, target_model=None):
@@ -164,13 +182,16 @@ class Trainer:
         target_model = target_model or self.target
         target_device = next(target_model.parameters()).device
         anchors = sample_anchors(batch["loss_mask"], batch["lengths"], cfg.num_anchors, cfg.drafter.block_size,
-                                 generator)
+                                 generator, batch["doc_ids"])
         batch = {k: v.to(target_device, non_blocking=True) for k, v in batch.items()}
         anchors = anchors.to(target_device, non_blocking=True)
-        tapped = tapped_states(target_model, batch["input_ids"], batch["attention_mask"], self.layer_ids)
+        if cfg.data.packing:  # documents attend within themselves, positions restarting (block-diagonal causal)
+            tapped = tapped_states(target_model, batch["input_ids"], None, self.layer_ids, batch["positions"])
+        else:
+            tapped = tapped_states(target_model, batch["input_ids"], batch["attention_mask"], self.layer_ids)
         block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,
                                                    cfg.drafter.block_size, cfg.drafter.gamma, self.mask_token_id)
-        return tapped, block_ids, anchors, labels, weights
+        return tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"]
 
     def request_stop(self) -> bool:
         """From a signal handler: stop at the next step boundary. False when no step is under way (stop now)."""
@@ -195,14 +216,16 @@ class Trainer:
         generator = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step_count)
         replica = self.replica
         replica.drafter.train()
-        loss = replica.loss_fn(*to_device(self._prepare(batch, generator), replica.device))
+        inputs = self._prepare(batch, generator)
+        loss = replica.loss_fn(*to_device(inputs, replica.device))
         loss.backward()
         replica.apply_gradients()
         self.step_count += 1
         loss_value = float(loss.detach())  # host sync: once per step, the loss is logged every step
         seconds = time.perf_counter() - started
-        tokens = int(batch["lengths"].sum())
-        row = {"step": self.step_count, "loss": round(loss_value, 5), "tokens_per_s": round(tokens / seconds, 1),
+        row = {"step": self.step_count, "loss": round(loss_value, 5),
+               **throughput(int(batch["input_ids"].numel()), int(batch["lengths"].sum()), seconds),
+               **work_stats(batch, inputs[2]),
                "lr": replica.scheduler.get_last_lr()[0], "peak_mem_bytes": _peak_memory(self.device),
                "bucket": int(batch["input_ids"].shape[1]), **self.monitor.since_warm()}
         if self.first_loss is None:
@@ -239,11 +262,11 @@ class Trainer:
         scores = {"drafter": [], "repeat": [], "copy": []}
         for bucket, members in sorted(self.eval_data.by_bucket.items()):
             for start in range(0, len(members), cfg.batch_size):
-                seqs = [self.eval_data.sequences[i] for i in members[start:start + cfg.batch_size]]
-                batch = datasets.collate(seqs, bucket)
-                tapped, block_ids, anchors, _labels, _weights = to_device(self._prepare(batch, generator),
-                                                                           replica.device)
-                draft = replica.draft(tapped, block_ids, anchors)  # (B, Q)
+                rows = [self.eval_data.row(i) for i in members[start:start + cfg.batch_size]]
+                batch = datasets.collate(rows, bucket)
+                tapped, block_ids, anchors, _labels, _weights, positions, doc_ids = to_device(
+                    self._prepare(batch, generator), replica.device)
+                draft = replica.draft(tapped, block_ids, anchors, positions, doc_ids)  # (B, Q)
                 draft = draft.view(anchors.shape[0], anchors.shape[1], cfg.drafter.block_size)
                 for name, values in evaluate.score_blocks(draft, batch["input_ids"], batch["lengths"], anchors.cpu(),
                                                           cfg.drafter.block_size).items():

@@ -8,17 +8,23 @@ from torch.utils.checkpoint import checkpoint
 
 
 def sample_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, num_anchors: int, block_size: int,
-                   generator: torch.Generator) -> torch.Tensor:
-    """Up to num_anchors positions per sequence, without replacement, sorted; -1 pads.
+                   generator: torch.Generator, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Up to num_anchors positions per row, without replacement, sorted; -1 pads.
 
-    An anchor a qualifies when its whole continuation a+1..a+bs-1 lies inside the sequence and its
-    first predicted token is supervised. loss_mask (B, S) bool, lengths (B,) -> anchors (B, N) long.
+    An anchor a qualifies when its whole continuation a+1..a+bs-1 lies inside its document and its
+    first predicted token is supervised; drawn uniformly among those, each document of a packed row
+    gets anchors in proportion to its supervised tokens. loss_mask (B, S) bool, lengths (B,),
+    doc_ids (B, S) (-1 = padding) -> anchors (B, N) long.
     """
     batch, seq_len = loss_mask.shape
     anchors = torch.full((batch, num_anchors), -1, dtype=torch.long)
     positions = torch.arange(seq_len)
+    last = (positions + block_size - 1).clamp(max=seq_len - 1)
     for row in range(batch):
         fits = positions + block_size - 1 < lengths[row]
+        if doc_ids is not None:
+            docs = doc_ids[row].cpu()
+            fits = fits & (docs[last] == docs) & (docs >= 0)
         supervised = torch.zeros(seq_len, dtype=torch.bool)
         supervised[:-1] = loss_mask[row, 1:].cpu()
         candidates = positions[fits & supervised]

@@ -45,9 +45,9 @@ class SdpaAttention:
     name = "sdpa"
 
     @staticmethod
-    def prepare(anchors: torch.Tensor, context_len: int, block_size: int):
+    def prepare(anchors: torch.Tensor, context_len: int, block_size: int, doc_ids: torch.Tensor | None = None):
         """Built once per step, outside the compiled region, shared by every layer."""
-        mask = dense_mask(anchors, context_len, block_size)  # (B, Q, S+Q)
+        mask = dense_mask(anchors, context_len, block_size, doc_ids)  # (B, Q, S+Q)
         # A padding block's rows see nothing; give them one key so softmax stays finite, zero them after.
         empty = ~mask.any(-1, keepdim=True)  # (B, Q, 1)
         mask = mask | (empty & (torch.arange(mask.shape[-1], device=mask.device) == 0))
@@ -66,8 +66,8 @@ class FlexAttention:
     name = "flex"
 
     @staticmethod
-    def prepare(anchors: torch.Tensor, context_len: int, block_size: int):
-        return flex_block_mask(anchors, context_len, block_size)
+    def prepare(anchors: torch.Tensor, context_len: int, block_size: int, doc_ids: torch.Tensor | None = None):
+        return flex_block_mask(anchors, context_len, block_size, doc_ids)
 
     @staticmethod
     def attend(q, k, v, block_mask):
@@ -131,18 +131,24 @@ class Drafter(nn.Module):
         self.final_norm = RMSNorm(hidden, eps)
 
     def forward(self, tapped: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor, attention,
-                prepared=None) -> torch.Tensor:
+                prepared=None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """tapped (B, S, taps*H), block_embeds (B, Q, H) from the shared embedding -> hidden (B, Q, H).
 
-        `prepared` is attention.prepare(anchors, S, bs), built outside any compiled region.
+        `prepared` is attention.prepare(anchors, S, bs, doc_ids), built outside any compiled region.
+        `positions` (B, S) are RoPE positions, restarting at each document of a packed row (default 0..S-1).
         """
         if prepared is None:
             prepared = attention.prepare(anchors, tapped.shape[1], self.block_size)
         batch, context_len, _ = tapped.shape
         context = self.fuse_norm(self.fuse(tapped))  # (B, S, H)
-        ctx_pos = torch.arange(context_len, device=tapped.device).expand(batch, -1)  # (B, S)
+        if positions is None:  # one document from 0; the anchor may lie just past the context (decoding)
+            ctx_pos = torch.arange(context_len, device=tapped.device).expand(batch, -1)  # (B, S)
+            anchor_pos = anchors.clamp(min=0)  # (B, N)
+        else:
+            ctx_pos = positions
+            anchor_pos = positions.gather(1, anchors.clamp(min=0))  # (B, N): the anchor's position in its document
         slot = torch.arange(self.block_size, device=tapped.device).repeat(anchors.shape[1])  # (Q,)
-        block_pos = anchors.clamp(min=0).repeat_interleave(self.block_size, dim=1) + slot  # (B, Q)
+        block_pos = anchor_pos.repeat_interleave(self.block_size, dim=1) + slot  # (B, Q)
         x = block_embeds
         for layer in self.layers:
             x = layer(x, context, ctx_pos, block_pos, attention, prepared)

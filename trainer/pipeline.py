@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer import threadsafe
-from trainer.loop import Interrupted, Trainer, _peak_memory, to_device
+from trainer.loop import Interrupted, Trainer, _peak_memory, throughput, to_device, work_stats
 from trainer.monitor import inductor_cache_counters
 from trainer.target import build_target
 
@@ -38,9 +38,10 @@ class InjectedFailure(RuntimeError):
 class Job:
     step: int
     replica: int
-    inputs: tuple  # tapped, block_ids, anchors, labels, weights (on the target's device)
+    inputs: tuple  # tapped, block_ids, anchors, labels, weights, positions, doc_ids (on the target's device)
     tokens: int
     bucket: int
+    stats: dict  # loop.work_stats
 
 
 class ThreadedTrainer(Trainer):
@@ -73,6 +74,7 @@ class ThreadedTrainer(Trainer):
         self._next_job = 0
         self._step_losses: dict[int, list[float]] = {}  # step -> each replica's loss
         self._step_tokens: dict[int, int] = {}
+        self._step_stats: dict[int, dict] = {}
         self._start_step = 0
         self._grads: list[list[torch.Tensor] | None] = [None] * len(self.all_replicas)
         self._mean_grads: list[torch.Tensor] = []
@@ -173,7 +175,7 @@ class ThreadedTrainer(Trainer):
             with self.gate.shared():  # a foreign trace must not capture the target's module calls (H2)
                 inputs = self._prepare(batch, generator, target_model)
             self._put(self.queues[replica], Job(step, replica, inputs, int(batch["lengths"].sum()),
-                                                int(batch["input_ids"].shape[1])))
+                                                int(batch["input_ids"].shape[1]), work_stats(batch, inputs[2])))
 
     def _drafter_worker(self, index: int) -> None:
         replica = self.all_replicas[index]
@@ -209,9 +211,7 @@ class ThreadedTrainer(Trainer):
             self._stop_after_step = self.interrupt.is_set()  # every replica reads it after the next wait
             self._mean_grads = _mean_across(self._grads, replica.device)
             if self.dist:
-                for grad in self._mean_grads:
-                    self.dist.all_reduce(grad)
-                    grad.div_(self.world_size)
+                self._mean_grads = all_reduce_mean(self.dist, self._mean_grads, self.world_size)
         self._wait()
         for param, mean in zip(params, self._mean_grads):
             param.grad = mean.to(param.device, non_blocking=True) if param.device != mean.device else mean.clone()
@@ -223,8 +223,12 @@ class ThreadedTrainer(Trainer):
             losses.append(loss)
             complete = len(losses) == len(self.all_replicas)
             self._step_tokens[step] = self._step_tokens.get(step, 0) + job.tokens
+            stats = self._step_stats.setdefault(step, {})
+            for key, value in job.stats.items():
+                stats[key] = stats.get(key, 0) + value
             if complete:
-                self._completed.put((step, sum(losses) / len(losses), self._step_tokens.pop(step), job.bucket))
+                self._completed.put((step, sum(losses) / len(losses), self._step_tokens.pop(step), job.bucket,
+                                     self._step_stats.pop(step)))
                 self._step_losses.pop(step)
 
     # -- the run ----------------------------------------------------------------------------------
@@ -263,14 +267,14 @@ class ThreadedTrainer(Trainer):
                 if self.errors or (self.interrupt.is_set() and not any(t.is_alive() for t in drafters)):
                     break
                 try:
-                    step, loss, tokens, bucket = self._completed.get(timeout=POLL_S)
+                    step, loss, tokens, bucket, stats = self._completed.get(timeout=POLL_S)
                 except queue.Empty:
                     if not any(t.is_alive() for t in drafters):  # nothing more can complete
                         break
                     continue
                 now = time.perf_counter()
                 self.step_count = step + 1
-                row = self._row(loss, tokens * self.world_size, now - step_started, bucket)
+                row = self._row(loss, tokens * self.world_size, now - step_started, bucket, stats)
                 step_started = now
                 if self.first_loss is None:
                     self.first_loss = loss
@@ -292,9 +296,9 @@ class ThreadedTrainer(Trainer):
         if self.errors:
             raise self.errors[0]
         while not self._completed.empty():  # steps every replica finished after the loop stopped reading
-            step, loss, tokens, bucket = self._completed.get()
+            step, loss, tokens, bucket, stats = self._completed.get()
             self.step_count = step + 1
-            row = self._row(loss, tokens * self.world_size, time.perf_counter() - step_started, bucket)
+            row = self._row(loss, tokens * self.world_size, time.perf_counter() - step_started, bucket, stats)
             self._after_step(row)
         rank = self.dist.get_rank() if self.dist else 0
         self.log(f"rank {rank}: drafter weights sha256 {weights_digest(self.replica.drafter)[:16]}, replicas "
@@ -313,11 +317,12 @@ class ThreadedTrainer(Trainer):
             return self.summary(first_eval, final_eval, final_walk, row)
         return {}
 
-    def _row(self, loss: float, tokens: int, seconds: float, bucket: int) -> dict:
+    def _row(self, loss: float, tokens: int, seconds: float, bucket: int, stats: dict) -> dict:
         health = self.monitor.since_warm()
         # Compiles after warm-up that went through the gate count too (a shape outside the buckets).
         health["recompiles"] = max(health["recompiles"], self.gate.exclusive_entries)
-        return {"step": self.step_count, "loss": round(loss, 5), "tokens_per_s": round(tokens / seconds, 1),
+        positions = len(self.all_replicas) * self.cfg.batch_size * bucket * self.world_size  # padding included
+        return {"step": self.step_count, "loss": round(loss, 5), **throughput(positions, tokens, seconds), **stats,
                 "lr": self.replica.scheduler.get_last_lr()[0],
                 "peak_mem_bytes": {str(r.device): _peak_memory(r.device) for r in self.all_replicas},
                 "bucket": bucket, "world_size": self.world_size, "threads_tokens_per_s": dict(self.thread_tokens_per_s),
@@ -369,6 +374,21 @@ def _mean_across(grads: list[list[torch.Tensor]], device: torch.device) -> list[
         return [comm.reduce_add([g[i] for g in grads], destination=device.index).div_(count)
                 for i in range(len(grads[0]))]
     return [torch.stack([g[i].to(device) for g in grads]).sum(0).div_(count) for i in range(len(grads[0]))]
+
+
+def all_reduce_mean(dist, grads: list[torch.Tensor], world_size: int) -> list[torch.Tensor]:
+    """One all-reduce over one flat buffer per dtype (not one call per parameter), then views back."""
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    out: list[torch.Tensor | None] = [None] * len(grads)
+    for dtype in {g.dtype for g in grads}:
+        indices = [i for i, g in enumerate(grads) if g.dtype == dtype]
+        flat = _flatten_dense_tensors([grads[i] for i in indices])
+        dist.all_reduce(flat)
+        flat.div_(world_size)
+        for i, view in zip(indices, _unflatten_dense_tensors(flat, [grads[i] for i in indices])):
+            out[i] = view
+    return out
 
 
 def _parse_fail_at(spec: str | None):

@@ -39,24 +39,26 @@ class Replica:
         return Replica(self.cfg, copy.deepcopy(self.drafter), device, self.embed_weight, self.head_weight,
                        self.attention, self.dtype)
 
-    def loss_fn(self, tapped, block_ids, anchors, labels, weights):
+    def loss_fn(self, tapped, block_ids, anchors, labels, weights, positions, doc_ids):
         """The step's loss; the mask is built here, outside the compiled region (one graph per bucket)."""
-        prepared = self.attention.prepare(anchors, tapped.shape[1], self.cfg.drafter.block_size)
-        return self._compiled_loss(tapped, block_ids, anchors, prepared, labels, weights)
+        prepared = self.attention.prepare(anchors, tapped.shape[1], self.cfg.drafter.block_size, doc_ids)
+        return self._compiled_loss(tapped, block_ids, anchors, prepared, labels, weights, positions)
 
-    def _loss(self, tapped, block_ids, anchors, prepared, labels, weights):
+    def _loss(self, tapped, block_ids, anchors, prepared, labels, weights, positions):
         # (B, Q, H) from the shared, frozen embedding; the residual stream stays float32 (matmuls autocast).
         block_embeds = F.embedding(block_ids, self.embed_weight).float()
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared)  # (B, Q, H)
+            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared,
+                                  positions)  # (B, Q, H)
             return weighted_block_loss(hidden, self.head_weight, labels, weights, self.cfg.lm_head_chunk)
 
     @torch.no_grad()
-    def draft(self, tapped, block_ids, anchors) -> torch.Tensor:
+    def draft(self, tapped, block_ids, anchors, positions=None, doc_ids=None) -> torch.Tensor:
         """Greedy token per block slot (B, Q), for evaluation."""
         block_embeds = F.embedding(block_ids, self.embed_weight)
+        prepared = self.attention.prepare(anchors, tapped.shape[1], self.cfg.drafter.block_size, doc_ids)
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention)
+            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared, positions)
             return (hidden @ self.head_weight.t()).argmax(-1)
 
     def apply_gradients(self) -> None:

@@ -81,10 +81,14 @@ def sync_config_from_model(cfg: TargetConfig, model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  layer_ids: list[int]) -> torch.Tensor:
-    """input_ids (B, S) -> concatenated outputs of the tapped decoder layers (B, S, taps*H)."""
-    out = model.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                      use_cache=False)
+def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                  layer_ids: list[int], position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """input_ids (B, S) -> concatenated outputs of the tapped decoder layers (B, S, taps*H).
+
+    Packed rows pass no attention mask and position_ids that restart per document: transformers then
+    builds a block-diagonal causal mask (its packed-sequence format), so no document sees another.
+    """
+    out = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      output_hidden_states=True, use_cache=False)
     # hidden_states[0] is the embedding output; decoder layer i's output is hidden_states[i + 1].
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
