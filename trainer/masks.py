@@ -8,8 +8,6 @@ of its own block; nothing else. A padding block (anchor < 0) sees nothing.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 
@@ -47,24 +45,11 @@ def make_mask_mod(anchors: torch.Tensor, context_len: int, block_size: int, doc_
     return mask_mod
 
 
-@functools.cache
-def _create_block_mask():
-    """torch.compile(create_block_mask): eager, it evaluates the mask_mod over all Q x KV pairs (90M at
-    qwen3_8b's 3072 tokens and 512 anchors of 16) every step. One graph per bucket, compiled at warm-up;
-    a new mask_mod closure each step does not recompile. Wrapped on first use, after threadsafe.install."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return torch.compile(create_block_mask, dynamic=False)
-
-
 def flex_block_mask(anchors: torch.Tensor, context_len: int, block_size: int, doc_ids: torch.Tensor | None = None):
     """A BlockMask for flex_attention, built on the anchors' device."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     batch, num_blocks = anchors.shape
     q_len = num_blocks * block_size
-    # Compiled on CUDA only, where flex trains: on CPU, inductor's C++ build of this kernel fails (torch 2.13),
-    # and CPU uses flex for forward checks alone.
-    build = _create_block_mask() if anchors.device.type == "cuda" else create_block_mask
-    return build(make_mask_mod(anchors, context_len, block_size, doc_ids), batch, None, q_len, context_len + q_len,
-                 device=anchors.device)
+    return create_block_mask(make_mask_mod(anchors, context_len, block_size, doc_ids), batch, None, q_len,
+                             context_len + q_len, device=anchors.device)
