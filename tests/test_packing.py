@@ -78,6 +78,18 @@ def test_drafter_mask_never_crosses_documents():
     assert torch.equal(dense_mask(anchors, 128, 8, batch["doc_ids"]), reference_mask(anchors, batch["doc_ids"], 128, 8))
 
 
+def test_flex_mask_mod_agrees_with_the_dense_mask_on_packed_rows():
+    from torch.nn.attention.flex_attention import create_mask
+
+    from trainer.masks import make_mask_mod
+
+    batch = collate([documents([40, 50, 30]), documents([60, 60], seed=2)], 128)
+    anchors = sample_anchors(batch["loss_mask"], batch["lengths"], 10, 8, torch.Generator().manual_seed(3),
+                             batch["doc_ids"])
+    flex = create_mask(make_mask_mod(anchors, 128, 8, batch["doc_ids"]), 2, 1, 80, 128 + 80)
+    assert torch.equal(flex[:, 0], dense_mask(anchors, 128, 8, batch["doc_ids"]))
+
+
 def test_packed_loss_is_the_token_weighted_loss_of_the_documents_alone():
     cfg = tiny()
     torch.manual_seed(0)
