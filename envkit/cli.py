@@ -145,9 +145,12 @@ def create_command(profile_name, lock_path, venv_path, find_links, offline, no_i
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--deep", is_flag=True, help="Hash every installed file, binaries included (slower).")
 @click.option("--fix", "apply_fix", is_flag=True, help="Re-sync the venv to its lock, then check again.")
+@click.option("-v", "--verbose", is_flag=True, help="List every finding under its cause (and the ok ones).")
+@click.option("--history", "show_history", is_flag=True,
+              help="What was installed, replaced, removed or edited since envkit made the venv, in time order.")
 @with_sources
-def doctor_command(venv_path, profile_name, lock_path, as_json, strict, deep, apply_fix, find_links, offline,
-                   no_index):
+def doctor_command(venv_path, profile_name, lock_path, as_json, strict, deep, apply_fix, verbose, show_history,
+                   find_links, offline, no_index):
     """Tell exactly how a venv differs from its lock, and what in it is dangerous.
 
     Reads the venv from outside: metadata, RECORD hashes, .pth files, pyvenv.cfg, torch's own
@@ -173,8 +176,10 @@ def doctor_command(venv_path, profile_name, lock_path, as_json, strict, deep, ap
                        f"after: {report.summary['fail']} fail, {report.summary['warn']} warn", err=True)
     if as_json:
         click.echo(render.as_json(report))
+    elif show_history:
+        click.echo(render.as_history(report))
     else:
-        click.echo(render.as_table(report, colour=sys.stdout.isatty()))
+        click.echo(render.as_story(report, colour=sys.stdout.isatty(), verbose=verbose))
     sys.exit(1 if report.failed(strict=strict) else 0)
 
 

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,29 @@ def test_real_cpu_venv_reports_torch_hazards(cpu_venv):
     build = [f for f in report["findings"] if f["id"] == "torch.build"]
     assert build and build[0]["status"] == "ok" and "CPU build" in build[0]["message"]
     assert code == 0, failing(report)
+
+
+def test_the_story_groups_every_finding_under_its_cause(clean_venv, doctor_wheelhouse, tmp_path):
+    time.sleep(2.5)  # what follows happens after the create, as it would days later
+    env = pollute(clean_venv, doctor_wheelhouse, tmp_path)
+    # One more stray, by pip this time, so that installers differ.
+    subprocess.run([str(clean_venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True)
+    code, report = doctor_json(clean_venv, env=env)
+    bad = [i for i, f in enumerate(report["findings"]) if f["status"] != "ok"]
+    covered = sorted(i for cause in report["causes"] for i in cause["findings"])
+    assert covered == bad  # every non-ok finding under exactly one cause
+    summaries = " | ".join(c["summary"] for c in report["causes"])
+    for needle in ("sglang 0.0.1 installed", "ekt-beta 2.0 replaced by 1.0", "ekt-delta 1.0 removed",
+                   "ekt_alpha/__init__.py edited by hand", "second dist-info of ekt-gamma", "zz_injected.pth",
+                   "PYTHONPATH", "compile cache"):
+        assert needle in summaries, (needle, summaries)
+    [stray] = [c for c in report["causes"] if c["id"] == "package:sglang"]
+    assert stray["installer"] == "uv" and stray["when"]
+    history = [e for e in report["history"] if e["action"] in ("installed", "replaced")]
+    assert [e["subject"] for e in history] == ["sglang", "ekt-beta"]  # in the order they happened
+    text = run_envkit("doctor", "--venv", str(clean_venv), env=env).stdout
+    assert len(text.splitlines()) <= 40 and "what happened" in text and text.count("envkit doctor --fix") == 1
+    unfolded = run_envkit("doctor", "--venv", str(clean_venv), "-v", env=env).stdout
+    assert len(unfolded.splitlines()) > len(text.splitlines())
+    timeline = run_envkit("doctor", "--venv", str(clean_venv), "--history", env=env).stdout
+    assert timeline.index("sglang") < timeline.index("ekt-beta") and "removed" in timeline

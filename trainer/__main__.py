@@ -70,13 +70,21 @@ def _distributed():
 
 
 def _make_trainer(args, cfg, log):
-    """The single-thread loop, or the threaded pipeline for --targets/--drafters or torchrun."""
+    """The single-thread loop, or the threaded pipeline for --gpus, --targets/--drafters or torchrun."""
 
     import torch
 
     from trainer.loop import Trainer
 
     dist = _distributed()
+    if args.gpus and args.gpus > 1:
+        if args.targets or args.drafters:
+            raise TrainerInputError("give --gpus or --targets/--drafters, not both")
+        if torch.cuda.device_count() < args.gpus:
+            raise TrainerInputError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} CUDA devices")
+        # Colocated data parallel (a target worker and a drafter replica on every GPU): on two H200s it gave
+        # 1.89x one GPU against 1.61x for target and drafter on separate GPUs (bench/RESULTS.md, issue 15).
+        args.targets = args.drafters = ",".join(f"cuda:{i}" for i in range(args.gpus))
     if not (args.targets or args.drafters or dist):
         return Trainer(cfg, Path(args.out), device=args.device, resume=args.resume, log=log)
     from trainer.pipeline import ThreadedTrainer
@@ -239,6 +247,9 @@ def main(argv=None) -> int:
                        help='chat template kwargs for conversation data, e.g. \'{"enable_thinking": false}\'; '
                             "recorded in the run and the export")
         p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+        p.add_argument("--gpus", type=int, help="use N GPUs in the measured faster layout (colocated: a target "
+                                                 "worker and a drafter replica on each); --targets/--drafters "
+                                                 "choose any other")
         p.add_argument("--targets", help="devices of target worker threads, e.g. cuda:0,cuda:1 or cpu")
         p.add_argument("--drafters", help="devices of drafter replica threads, e.g. cuda:2,cuda:3 or cpu,cpu")
         p.add_argument("--strict-compile", action="store_true",

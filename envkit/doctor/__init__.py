@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
 
 from envkit import profile as profiles
-from envkit.doctor import cachechecks, environment, files, packages, torchchecks
+from envkit.doctor import cachechecks, environment, files, packages, story, torchchecks
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Report, Status
 from envkit.errors import ProfileError
@@ -62,7 +63,9 @@ def diagnose(ctx: Context) -> Report:
             skipped.append("lock.missing/lock.version/lock.extra: no lock (give --profile NAME or --lock PATH)")
             continue
         findings += check(ctx)
-    return Report(str(ctx.venv.path), ctx.profile.name if ctx.profile else None, tuple(findings), tuple(skipped))
+    report = Report(str(ctx.venv.path), ctx.profile.name if ctx.profile else None, tuple(findings), tuple(skipped))
+    events = story.history(ctx)
+    return dataclasses.replace(report, causes=tuple(story.causes(ctx, report, events)), history=tuple(events))
 
 
 def fix(ctx: Context, *, find_links=(), offline=False, no_index=False) -> None:

@@ -31,6 +31,8 @@ class Report:
     profile: str | None
     findings: tuple[Finding, ...]
     skipped: tuple[str, ...] = field(default=())  # checks that could not run, with why
+    causes: tuple = field(default=())  # story.Cause: every non-ok finding under the event that explains it
+    history: tuple = field(default=())  # story.Event: what was installed, replaced, removed, edited since creation
 
     def count(self, status: Status) -> int:
         return sum(1 for f in self.findings if f.status == status)
@@ -43,5 +45,8 @@ class Report:
         return self.count(Status.FAIL) > 0 or (strict and self.count(Status.WARN) > 0)
 
     def as_dict(self) -> dict:
+        from dataclasses import asdict
+
         return {"venv": self.venv, "profile": self.profile, "findings": [f.as_dict() for f in self.findings],
+                "causes": [asdict(c) for c in self.causes], "history": [asdict(e) for e in self.history],
                 "skipped": list(self.skipped), "summary": self.summary}

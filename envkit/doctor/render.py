@@ -15,6 +15,51 @@ def as_json(report: Report) -> str:
     return json.dumps(report.as_dict(), indent=2)
 
 
+def _worst(report: Report, cause) -> Status:
+    statuses = {report.findings[i].status for i in cause.findings}
+    return Status.FAIL if Status.FAIL in statuses else Status.WARN
+
+
+def as_story(report: Report, *, colour: bool, verbose: bool = False) -> str:
+    """Causes first, one line each with the findings folded under them (-v unfolds); the fix once."""
+    if not report.causes:
+        return as_table(report, colour=colour, show_ok=verbose)
+    lines = [f"venv:    {report.venv}", f"profile: {report.profile or '(none)'}", "", f"what happened ({len(report.causes)} causes):"]
+    fixes: dict[str, list[int]] = {}
+    for number, cause in enumerate(report.causes, 1):
+        status = _worst(report, cause)
+        label = click.style(status.value.upper(), fg=COLOURS[status], bold=True) if colour else status.value.upper()
+        when = f" [{cause.when}]" if cause.when else ""
+        lines.append(f"  {number}. {label} {cause.summary}{when}")
+        if verbose:
+            for index in cause.findings:
+                finding = report.findings[index]
+                lines.append(f"         {finding.id}  {finding.subject}: {finding.message}")
+        if cause.fix:
+            fixes.setdefault(cause.fix, []).append(number)
+    lines.append("")
+    for fix, numbers in fixes.items():  # each fix once, with the causes it repairs
+        which = "all" if len(numbers) == len(report.causes) else ", ".join(map(str, numbers))
+        lines.append(f"fix ({which}): {fix}")
+    for skipped in report.skipped:
+        lines.append(f"skipped: {skipped}")
+    summary = report.summary
+    hint = "" if verbose else "; -v lists every finding under its cause, --history when each change happened"
+    lines.append(f"{summary['fail']} fail, {summary['warn']} warn, {summary['ok']} ok{hint}")
+    return "\n".join(lines)
+
+
+def as_history(report: Report) -> str:
+    if not report.history:
+        return "no change since envkit created this venv"
+    lines = []
+    for event in report.history:
+        asked = {True: "asked for", False: "as a dependency", None: ""}[event.requested]
+        lines.append(f"{event.when or '(time unknown)':25} {event.action:11} {event.detail:50} "
+                     f"{event.installer}{', ' + asked if asked else ''}")
+    return "\n".join(lines)
+
+
 def as_table(report: Report, *, colour: bool, show_ok: bool = True) -> str:
     lines = [f"venv:    {report.venv}", f"profile: {report.profile or '(none)'}", ""]
     for status in (Status.FAIL, Status.WARN, Status.OK):
