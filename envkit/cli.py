@@ -80,15 +80,32 @@ def main():
 @click.option("--check", is_flag=True, help="Exit 1 if the file is out of date; write nothing.")
 @click.option("--export", "export_format", type=click.Choice(["pylock"]), help="Export instead of re-locking.")
 @click.argument("export_path", required=False, type=click.Path(dir_okay=False))
+@click.option("--from-venv", "from_venv", type=click.Path(file_okay=False, exists=True), metavar="PATH",
+              help="Write a new profile (--profile NAME or --lock FILE) pinned to what this venv holds.")
+@click.option("--keep-strays", is_flag=True, help="With --from-venv: keep packages the stray catalog flags.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def lock_command(profile_name, lock_path, find_links, offline, no_index, check, export_format, export_path, as_json):
+def lock_command(profile_name, lock_path, find_links, offline, no_index, check, export_format, export_path,
+                 from_venv, keep_strays, as_json):
     """Regenerate a profile's hash-pinned [[package]] table from its requirements.
 
-    With --export pylock PATH, write the locked set as a PEP 751 pylock.toml instead.
+    With --export pylock PATH, write the locked set as a PEP 751 pylock.toml instead. With
+    --from-venv PATH, adopt an existing venv: a new profile pinned to its packages (strays left out
+    and listed), resolved and hashed, so that `envkit create --profile NAME` reproduces it.
     """
     from envkit import lock
 
     _check_profile_choice(profile_name, lock_path)
+    if from_venv:
+        from envkit.adopt import adopt
+
+        result = adopt(from_venv, profile_name, lock_path, keep_strays=keep_strays, find_links=find_links,
+                       offline=offline, no_index=no_index)
+        if as_json:
+            return _print_json(_as_dict(result))
+        for name, why in sorted(result.left_out.items()):
+            click.echo(f"left out {name}: {why} (--keep-strays keeps it)")
+        click.echo(f"wrote {result.path}: {result.packages} packages pinned to {from_venv}")
+        return
     if export_format:
         if not export_path:
             raise click.UsageError("--export pylock needs a PATH to write")
@@ -148,9 +165,11 @@ def create_command(profile_name, lock_path, venv_path, find_links, offline, no_i
 @click.option("-v", "--verbose", is_flag=True, help="List every finding under its cause (and the ok ones).")
 @click.option("--history", "show_history", is_flag=True,
               help="What was installed, replaced, removed or edited since envkit made the venv, in time order.")
+@click.option("--fetch", is_flag=True,
+              help="Download the wheel of an edited package (exactly its version) to show the edit as a diff.")
 @with_sources
 def doctor_command(venv_path, profile_name, lock_path, as_json, strict, deep, apply_fix, verbose, show_history,
-                   find_links, offline, no_index):
+                   fetch, find_links, offline, no_index):
     """Tell exactly how a venv differs from its lock, and what in it is dangerous.
 
     Reads the venv from outside: metadata, RECORD hashes, .pth files, pyvenv.cfg, torch's own
@@ -163,7 +182,7 @@ def doctor_command(venv_path, profile_name, lock_path, as_json, strict, deep, ap
 
     _check_profile_choice(profile_name, lock_path)
     try:
-        ctx = doctor.load_context(venv_path, profile_name, lock_path, deep=deep)
+        ctx = doctor.load_context(venv_path, profile_name, lock_path, deep=deep, fetch=fetch, find_links=find_links)
     except VenvError as exc:
         raise click.UsageError(str(exc)) from None
     report = doctor.diagnose(ctx)

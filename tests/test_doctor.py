@@ -169,3 +169,78 @@ def test_the_story_groups_every_finding_under_its_cause(clean_venv, doctor_wheel
     assert len(unfolded.splitlines()) > len(text.splitlines())
     timeline = run_envkit("doctor", "--venv", str(clean_venv), "--history", env=env).stdout
     assert timeline.index("sglang") < timeline.index("ekt-beta") and "removed" in timeline
+
+
+def test_a_hand_edit_shows_as_a_diff_against_the_shipped_wheel(clean_venv, doctor_wheelhouse, tmp_path):
+    init = site_packages(clean_venv) / "ekt_alpha" / "__init__.py"
+    init.unlink()  # a new inode: uv's cached copy stays as shipped (an in-place edit would change both)
+    init.write_text("VERSION = '1.0'\nHOTFIX = True  # appended by hand\n")
+    _, report = doctor_json(clean_venv)
+    [edit] = [f for f in report["findings"] if f["id"] == "files.modified"]
+    assert "envkit doctor --fetch" in edit["detail"] or "+HOTFIX = True" in edit["detail"]
+    _, report = doctor_json(clean_venv, "--find-links", str(doctor_wheelhouse))  # the wheel is on this machine
+    [edit] = [f for f in report["findings"] if f["id"] == "files.modified"]
+    assert "+HOTFIX = True  # appended by hand" in edit["detail"] and "(as shipped)" in edit["detail"]
+    text = run_envkit("doctor", "--venv", str(clean_venv), "--find-links", str(doctor_wheelhouse)).stdout
+    assert "+HOTFIX = True" in text
+
+
+@pytest.mark.slow
+def test_fetch_downloads_exactly_that_version_to_show_the_edit(tmp_path, monkeypatch):
+    """A real package from the index: the appended hotfix appears in the diff only with --fetch."""
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    lock = write_profile(tmp_path / "six.toml", ["six==1.17.0"], name="six")
+    run_envkit("lock", "--lock", str(lock), check=True)
+    venv = tmp_path / "venv"
+    run_envkit("create", "--lock", str(lock), "--venv", str(venv), check=True)
+    six = site_packages(venv) / "six.py"
+    with six.open("a") as handle:  # in place: uv's cached copy is edited too, so only the index has the original
+        handle.write("HOTFIX = 'appended by hand'\n")
+    shutil.rmtree(tmp_path / "uv-cache")
+    _, report = doctor_json(venv)
+    [edit] = [f for f in report["findings"] if f["id"] == "files.modified"]
+    assert "--fetch" in edit["detail"] and "HOTFIX" not in edit["detail"]
+    _, report = doctor_json(venv, "--fetch")
+    [edit] = [f for f in report["findings"] if f["id"] == "files.modified"]
+    assert "+HOTFIX = 'appended by hand'" in edit["detail"]
+
+
+def _record_digests(venv: Path) -> set[tuple[str, str]]:
+    import hashlib
+
+    return {(info.name, hashlib.sha256((info / "RECORD").read_bytes()).hexdigest())
+            for info in site_packages(venv).glob("*.dist-info")}
+
+
+def test_adopting_a_polluted_venv_leaves_the_strays_out_and_says_so(clean_venv, doctor_wheelhouse, tmp_path):
+    uv_pip(clean_venv, "install", "--no-index", "--find-links", str(doctor_wheelhouse), "sglang==0.0.1")
+    adopted = tmp_path / "adopted.toml"
+    proc = run_envkit("lock", "--from-venv", str(clean_venv), "--lock", str(adopted), "--no-index", "--find-links",
+                      str(doctor_wheelhouse))
+    assert proc.returncode == 0, proc.stderr
+    assert "left out sglang" in proc.stdout
+    text = adopted.read_text()
+    assert '"ekt-alpha==1.0"' in text and "sglang" not in text and "sha256:" in text
+    again = run_envkit("lock", "--from-venv", str(clean_venv), "--lock", str(adopted))
+    assert again.returncode == 1 and "exists" in again.stderr  # never overwrites a lock
+    kept = tmp_path / "kept.toml"
+    run_envkit("lock", "--from-venv", str(clean_venv), "--lock", str(kept), "--keep-strays", "--no-index",
+               "--find-links", str(doctor_wheelhouse), check=True)
+    assert '"sglang==0.0.1"' in kept.read_text()
+    rebuilt = tmp_path / "rebuilt"
+    run_envkit("create", "--lock", str(adopted), "--venv", str(rebuilt), "--no-index", "--find-links",
+               str(doctor_wheelhouse), check=True)
+    assert _record_digests(rebuilt) == _record_digests(clean_venv) - {
+        d for d in _record_digests(clean_venv) if d[0].startswith("sglang")}
+
+
+@pytest.mark.slow
+def test_adopting_the_cpu_venv_reproduces_it(cpu_venv, tmp_path):
+    adopted = tmp_path / "mine.toml"
+    proc = run_envkit("lock", "--from-venv", str(cpu_venv), "--lock", str(adopted), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert 'torch-backend = "cpu"' in adopted.read_text()
+    rebuilt = tmp_path / "rebuilt"
+    run_envkit("create", "--lock", str(adopted), "--venv", str(rebuilt), check=True, timeout=900)
+    assert _record_digests(rebuilt) == _record_digests(cpu_venv)

@@ -49,10 +49,11 @@ def _lock_for(venv: Venv, profile_name: str | None, lock_path: str | None) -> pr
     return None
 
 
-def load_context(venv_path=None, profile_name=None, lock_path=None, *, deep=False, environ=None) -> Context:
+def load_context(venv_path=None, profile_name=None, lock_path=None, *, deep=False, environ=None, fetch=False,
+                 find_links=()) -> Context:
     venv = resolve_venv(venv_path, profile_name)
     return Context(venv, _lock_for(venv, profile_name, lock_path), dict(os.environ if environ is None else environ),
-                   deep=deep)
+                   deep=deep, fetch=fetch, find_links=tuple(find_links))
 
 
 def diagnose(ctx: Context) -> Report:
@@ -76,7 +77,7 @@ def fix(ctx: Context, *, find_links=(), offline=False, no_index=False) -> None:
     if ctx.profile is None:
         raise ProfileError("--fix needs a lock: give --profile NAME or --lock PATH")
     duplicated = [dists for dists in ctx.by_name.values() if len(dists) > 1]
-    edited = {name for name, _relative, _missing in files.modified_files(ctx)}
+    edited = {name for name, _relative, _missing, _digest in files.modified_files(ctx)}
     # Two dist-info folders confuse any installer: drop both; the sync then installs the locked one.
     for dists in duplicated:
         for dist in dists:

@@ -19,6 +19,8 @@ class Context:
     profile: Profile | None
     environ: dict[str, str]
     deep: bool = False
+    fetch: bool = False  # download a wheel to show a hand edit as a diff
+    find_links: tuple = ()  # wheelhouses given on the command line (the configured ones are read too)
     files_checked: int = 0  # set by the RECORD check, for its summary line
     _records: dict = field(default_factory=dict, repr=False)  # dist-info path -> RECORD rows
 

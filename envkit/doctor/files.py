@@ -42,8 +42,8 @@ def _record_entries(ctx: Context, dist) -> list[tuple[str, Path, str]]:
     return entries
 
 
-def modified_files(ctx: Context) -> list[tuple[str, str, bool]]:
-    """(distribution, path relative to site-packages, missing?) for files that differ from RECORD."""
+def modified_files(ctx: Context) -> list[tuple[str, str, bool, str]]:
+    """(distribution, path relative to site-packages, missing?, RECORD digest) for files that differ from RECORD."""
     entries = []
     for name, dists in ctx.by_name.items():
         if len(dists) == 1:  # duplicates are reported as such; their RECORDs contradict each other
@@ -52,22 +52,34 @@ def modified_files(ctx: Context) -> list[tuple[str, str, bool]]:
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
         digests = list(pool.map(lambda entry: _file_digest(entry[2]), entries, chunksize=64))
     ctx.files_checked = len(entries)
-    return [(name, relative, actual is None)
+    return [(name, relative, actual is None, expected)
             for (name, relative, _path, expected), actual in zip(entries, digests) if actual != expected]
 
 
 def check_modified(ctx: Context) -> list[Finding]:
     """files.modified: installed files whose content no longer matches their RECORD hash."""
     findings = []
-    for name, relative, missing in modified_files(ctx):
+    for name, relative, missing, expected in modified_files(ctx):
         state = "is missing" if missing else "differs from its RECORD hash (edited by hand?)"
         if not missing and (ctx.site_packages / relative).stat().st_nlink > 1:
             state += "; it is hard-linked, so uv's cache copy was edited too (--fix cleans that entry)"
         findings.append(Finding("files.modified", Status.FAIL, relative, f"{relative} of {name} {state}",
-                                ctx.fix_command()))
+                                ctx.fix_command(), "" if missing else _edit_diff(ctx, name, relative, expected)))
     scope = "every file" if ctx.deep else "Python sources and text files (--deep: every file)"
     return findings or [Finding("files.modified", Status.OK, f"{ctx.files_checked} files",
                                 f"all match their RECORD hashes; checked {scope}")]
+
+
+def _edit_diff(ctx: Context, name: str, relative: str, expected: str) -> str:
+    """The edit as a unified diff against the shipped file, or how to get one."""
+    from envkit.doctor.original import original, unified_diff
+
+    dist = ctx.by_name[name][0]
+    shipped = original(dist, relative, expected, fetch=ctx.fetch, find_links=ctx.find_links)
+    if shipped is None:
+        return (f"no copy of {name} {dist.version} as shipped is on this machine (wheelhouse, uv cache); "
+                f"`envkit doctor --fetch` downloads that wheel to show the edit")
+    return unified_diff(shipped, (ctx.site_packages / relative).read_bytes(), relative)
 
 
 def pth_owners(ctx: Context) -> dict[str, str]:

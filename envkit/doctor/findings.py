@@ -19,10 +19,11 @@ class Finding:
     subject: str  # the package, file, path or variable concerned
     message: str
     fix: str = ""  # the command (or action) that repairs it
+    detail: str = ""  # evidence beyond one line: the unified diff of a hand edit
 
     def as_dict(self) -> dict:
         return {"id": self.id, "status": self.status.value, "subject": self.subject,
-                "message": self.message, "fix": self.fix}
+                "message": self.message, "fix": self.fix, "detail": self.detail}
 
 
 @dataclass(frozen=True)

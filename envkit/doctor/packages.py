@@ -42,7 +42,7 @@ def check_lock(ctx: Context) -> list[Finding]:
             findings.append(Finding("lock.version", Status.FAIL, package.name,
                                     f"installed {', '.join(versions)}, locked {package.version}", fix))
     locked = {p.name for p in ctx.profile.packages}
-    strays = _stray_reasons(ctx)
+    strays = stray_reasons(ctx)
     for name in sorted(set(ctx.by_name) - locked - set(strays)):
         versions = ", ".join(d.version for d in ctx.by_name[name])
         findings.append(Finding("lock.extra", Status.WARN, name, f"{name} {versions} is installed but not in the lock", fix))
@@ -57,7 +57,7 @@ def _torch_cuda_major(ctx: Context) -> str | None:
     return build["cuda"].split(".")[0] if build and build["cuda"] else None
 
 
-def _stray_reasons(ctx: Context) -> dict[str, str]:
+def stray_reasons(ctx: Context) -> dict[str, str]:
     """Installed catalog packages that the lock does not ask for, with why they are trouble."""
     locked = {p.name for p in ctx.profile.packages} if ctx.profile else set()
     catalog = stray_catalog()
@@ -79,7 +79,7 @@ def _stray_reasons(ctx: Context) -> dict[str, str]:
 
 def check_strays(ctx: Context) -> list[Finding]:
     findings = []
-    for name, why in sorted(_stray_reasons(ctx).items()):
+    for name, why in sorted(stray_reasons(ctx).items()):
         version = ", ".join(d.version for d in ctx.by_name[name])
         fix = ctx.fix_command() if ctx.profile else f"uv pip uninstall --python {ctx.venv.python} {name}"
         findings.append(Finding("stray.known", Status.FAIL, name, f"{name} {version}: {why}", fix))

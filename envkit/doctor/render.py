@@ -31,10 +31,12 @@ def as_story(report: Report, *, colour: bool, verbose: bool = False) -> str:
         label = click.style(status.value.upper(), fg=COLOURS[status], bold=True) if colour else status.value.upper()
         when = f" [{cause.when}]" if cause.when else ""
         lines.append(f"  {number}. {label} {cause.summary}{when}")
-        if verbose:
-            for index in cause.findings:
-                finding = report.findings[index]
+        for index in cause.findings:
+            finding = report.findings[index]
+            if verbose:
                 lines.append(f"         {finding.id}  {finding.subject}: {finding.message}")
+            if finding.detail:  # the evidence of an edit is worth its lines
+                lines += [f"         {line}" for line in finding.detail.splitlines()]
         if cause.fix:
             fixes.setdefault(cause.fix, []).append(number)
     lines.append("")
