@@ -268,7 +268,8 @@ def describe_summary(record: dict, run_dir: Path) -> str:
             f"  teacher-forced acceptance length {summary['tau_start']:.2f} -> {summary['tau_end']:.2f} "
             f"(repeat-anchor {summary['baseline_repeat_tau']:.2f}, copy {summary['baseline_copy_tau']:.2f})",
             f"  loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}",
-            f"  {summary['tokens_per_s'] / 1000:.1f} Ktok/s, eager fallbacks {summary['eager_fallbacks']}, "
+            f"  {(summary.get('useful_tokens_per_s') or summary['tokens_per_s']) / 1000:.1f} Ktok/s useful "
+            f"(padding {summary.get('pad_fraction') or 0:.0%}), eager fallbacks {summary['eager_fallbacks']}, "
             f"recompiles {summary['recompiles']}, inductor cache hits {summary['fxgraph_cache_hit']} / misses "
             f"{summary['fxgraph_cache_miss']}",
         ]

@@ -51,6 +51,7 @@ def test_foreground_run_records_everything(cpu_venv, train_env, tmp_path):
     assert record["config"]["preset"] == "tiny" and record["summary"]["recompiles"] == 0
     assert record["summary"]["fxgraph_cache_miss"] == 0  # the warm cache was used
     assert "step    20" in (run_dir / "train.log").read_text()
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))  # the lock profiles carry tensorboard
     assert "acceptance length" in proc.stdout and "cache hits" in proc.stdout
     [row] = runs_json(train_env)
     assert row["name"] == "fg" and row["status"] == "finished" and row["step"] == 20

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from trainer import checkpoint, data as datasets, evaluate, walk
+from trainer.board import Board
 from trainer.config import TrainConfig, target_layer_ids
 from trainer.export import weights_checksum
 from trainer.loss import block_targets, sample_anchors
@@ -303,8 +304,10 @@ class Trainer:
     def _write(self, row: dict) -> None:
         if self._metrics is None:
             self._metrics = self.metrics_path.open("a")
+            self._board = Board(self.out_dir)
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
+        self._board.write(row)
 
     def _log_eval(self, row: dict) -> None:
         self._write(row)
@@ -356,7 +359,8 @@ class Trainer:
                 "baseline_copy_tau": final_eval["baseline_copy_tau"], "beats_baselines": beats,
                 "teacher_forced_beats_baselines": tau > max(final_eval["baseline_repeat_tau"],
                                                             final_eval["baseline_copy_tau"]),
-                "tokens_per_s": last_row.get("tokens_per_s"), "recompiles": last_row.get("recompiles", 0),
+                "tokens_per_s": last_row.get("tokens_per_s"), "useful_tokens_per_s": last_row.get("useful_tokens_per_s"),
+                "pad_fraction": last_row.get("pad_fraction"), "recompiles": last_row.get("recompiles", 0),
                 "eager_fallbacks": last_row.get("eager_fallbacks", 0), **inductor_cache_counters()}
 
     # -- state ------------------------------------------------------------------------------------
@@ -389,3 +393,4 @@ class Trainer:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+            self._board.close()
