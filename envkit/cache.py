@@ -95,7 +95,7 @@ def untrusted_message(cache_dir: Path, problems: dict[str, str]) -> str:
 
 
 # -- fingerprint ---------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(1 << 20):
@@ -114,7 +114,7 @@ def scan(cache_dir: Path) -> dict[str, tuple[int, str]]:
             for name in names:
                 path = Path(directory) / name
                 if path.is_file() and not path.is_symlink():
-                    files[str(path.relative_to(cache_dir))] = (path.lstat().st_size, _sha256(path))
+                    files[str(path.relative_to(cache_dir))] = (path.lstat().st_size, file_sha256(path))
     return dict(sorted(files.items()))
 
 

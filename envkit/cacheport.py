@@ -24,8 +24,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from envkit import megacache
-from envkit.cache import (CACHE_SUBDIRS, compile_root, ensure_private_dir, env_key, key_parts, read_fingerprint,
-                          scan, warm, write_fingerprint)
+from envkit.cache import (CACHE_SUBDIRS, compile_root, ensure_private_dir, env_key, file_sha256, key_parts,
+                          read_fingerprint, scan, warm, write_fingerprint)
 from envkit.errors import CacheError
 from envkit.fsops import exchange
 from envkit.trainer_process import run_trainer, trainer_env
@@ -36,14 +36,6 @@ EXPORT_BLOB = "mega-cache.bin"
 FORMAT = "envkit-cache/2"
 MAX_BLOB = 8 << 30  # far above a real cache (16 MB for three flex_attention shapes); refuses a zip bomb
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def export(venv: Venv, target: Path, preset: str | None = None, config: str | None = None, *,

@@ -27,30 +27,20 @@ def _layer_weights(hidden: int, heads: int, kv_heads: int, head_dim: int, interm
 
 
 def sequence_flops(cfg: TrainConfig, seq_len: int, anchors: int | None = None) -> dict[str, float]:
-    t, d = cfg.target, cfg.drafter
+    """One unpacked sequence of seq_len tokens filling its row."""
     anchors = cfg.num_anchors if anchors is None else anchors
-    q_positions = anchors * d.block_size
-    hq = t.num_heads * t.head_dim
-    target_layer, _ = _layer_weights(t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim, t.intermediate_size)
-    drafter_layer, kv = _layer_weights(t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim,
-                                       d.intermediate_size or t.intermediate_size)
-    taps = len(d.target_layer_ids) if d.target_layer_ids else d.num_layers
-    target = 2 * target_layer * t.num_layers * seq_len + 2 * seq_len ** 2 * hq * t.num_layers
-    visible = q_positions * (seq_len / 2 + d.block_size)
-    drafter_fwd = (2 * drafter_layer * d.num_layers * q_positions + 2 * kv * d.num_layers * seq_len
-                   + 2 * taps * t.hidden_size * t.hidden_size * seq_len + 4 * hq * visible * d.num_layers)
-    head = 4 * t.hidden_size * t.vocab_size * q_positions
-    return {"target": float(target), "drafter": float(3 * drafter_fwd), "lm_head": float(head),
-            "total": float(target + 3 * drafter_fwd + head)}
+    return _flops(cfg, seq_len, seq_len ** 2, anchors)
 
 
 def useful_flops(cfg: TrainConfig, useful_tokens: int, doc_tokens_sq: int, anchors: int) -> float:
     """Model FLOPs of the real work in a (packed) batch: tokens that are not padding, each document's own
     causal attention (sum of squared lengths), and the anchors actually placed. Padding and attention
-    across documents count nothing, so MFU on this is useful-token MFU.
+    across documents count nothing, so MFU on this is useful-token MFU."""
+    return _flops(cfg, useful_tokens, doc_tokens_sq, anchors)["total"]
 
-    An anchor's expected context is half its document, weighted by length: doc_tokens_sq / (2 * useful).
-    """
+
+def _flops(cfg: TrainConfig, tokens: int, doc_tokens_sq: int, anchors: int) -> dict[str, float]:
+    """An anchor's expected context is half its document, weighted by length: doc_tokens_sq / (2 * tokens)."""
     t, d = cfg.target, cfg.drafter
     q_positions = anchors * d.block_size
     hq = t.num_heads * t.head_dim
@@ -58,9 +48,10 @@ def useful_flops(cfg: TrainConfig, useful_tokens: int, doc_tokens_sq: int, ancho
     drafter_layer, kv = _layer_weights(t.hidden_size, t.num_heads, t.num_kv_heads, t.head_dim,
                                        d.intermediate_size or t.intermediate_size)
     taps = len(d.target_layer_ids) if d.target_layer_ids else d.num_layers
-    target = 2 * target_layer * t.num_layers * useful_tokens + 2 * doc_tokens_sq * hq * t.num_layers
-    visible = q_positions * (doc_tokens_sq / (2 * max(useful_tokens, 1)) + d.block_size)
-    drafter_fwd = (2 * drafter_layer * d.num_layers * q_positions + 2 * kv * d.num_layers * useful_tokens
-                   + 2 * taps * t.hidden_size * t.hidden_size * useful_tokens + 4 * hq * visible * d.num_layers)
+    target = 2 * target_layer * t.num_layers * tokens + 2 * doc_tokens_sq * hq * t.num_layers
+    visible = q_positions * (doc_tokens_sq / (2 * max(tokens, 1)) + d.block_size)
+    drafter_fwd = (2 * drafter_layer * d.num_layers * q_positions + 2 * kv * d.num_layers * tokens
+                   + 2 * taps * t.hidden_size * t.hidden_size * tokens + 4 * hq * visible * d.num_layers)
     head = 4 * t.hidden_size * t.vocab_size * q_positions
-    return float(target + 3 * drafter_fwd + head)
+    return {"target": float(target), "drafter": float(3 * drafter_fwd), "lm_head": float(head),
+            "total": float(target + 3 * drafter_fwd + head)}
