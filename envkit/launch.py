@@ -24,15 +24,15 @@ from envkit import __version__, cache, doctor, paths
 from envkit.doctor.findings import Report, Status
 from envkit.children import die_with_parent
 from envkit.errors import RunError
-from envkit.rundir import (CONFIG_JSON, LOG, RUN_JSON, check_run_name, now, read_run, read_summary,
-                           update_run)
 from envkit.installed import installed_versions
 from envkit.progress import Phases
-from envkit.uvtool import uv_version
+from envkit.rundir import (CONFIG_JSON, LOG, RUN_JSON, check_run_name, now, read_run, read_summary,
+                           update_run)
 from envkit.trainer_process import trainer_env
+from envkit.uvtool import uv_version
 from envkit.venv import Venv, write_json_atomic
 
-# Warnings that `envkit train` itself resolves: it warms the cache and the trainer mitigates hazards.
+# Warnings that `envkit train` itself resolves: it warms a cold cache. (Mitigated hazards are ok findings.)
 HANDLED_WARNINGS = {"cache.fingerprint"}
 EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "interrupted", -15: "interrupted"}
 
@@ -68,11 +68,8 @@ def _versions(venv: Venv) -> dict:
 
 def _blocking(report: Report, allow_warn: bool) -> list:
     """Findings that stop a run: every fail, and warnings train does not handle unless --allow-warn."""
-    def handled(finding) -> bool:
-        return finding.id in HANDLED_WARNINGS
-
     return [f for f in report.findings if f.status == Status.FAIL
-            or (f.status == Status.WARN and not allow_warn and not handled(f))]
+            or (f.status == Status.WARN and not allow_warn and f.id not in HANDLED_WARNINGS)]
 
 
 def _preflight_venv(request: TrainRequest, phases: Phases) -> Venv:

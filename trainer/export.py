@@ -87,8 +87,8 @@ def drafter_config(cfg: TrainConfig, layer_ids: list[int], mask_token_id: int, d
 
 def weights_checksum(model: torch.nn.Module) -> list[float]:
     """Cheap identity of a model's weights, computed on their device: per-tensor float64 sums of x and |x|."""
-    with torch.no_grad():
-        return [float(t.double().sum()) for p in model.state_dict().values() for t in (p, p.abs())]
+    with torch.no_grad():  # accumulated in float64 without a float64 copy of an 8B model
+        return [float(t.sum(dtype=torch.float64)) for p in model.state_dict().values() for t in (p, p.abs())]
 
 
 def same_checksum(a: list[float], b: list[float]) -> bool:
