@@ -1,6 +1,7 @@
 """Benchmark `envkit doctor` on the cpu profile venv, clean and polluted, beside `uv pip check` and `pip check`.
 
     python bench/doctor.py [--repeat 5]
+    python bench/doctor.py --story     # the original job's pollution: causes, history, lines (issue 16)
 
 Pollutes a fresh copy of the cpu venv with the faults of a real training venv and counts how many
 of them each tool names.
@@ -59,10 +60,66 @@ def pollute(venv: Path, work: Path) -> tuple[dict, dict[str, str]]:
     return env, faults
 
 
+def pollute_like_the_original_job(venv: Path, work: Path) -> tuple[dict, dict[str, str]]:
+    """The original job's venv (issue 16): a serving stack's kernel package and a torch swap by pip, a
+    drifted transformers, a hotfix appended inside torch, a stale numpy dist-info, an unowned .pth,
+    safetensors removed, PYTHONPATH set, a 0777 inductor cache. -> (environment, {event: word})."""
+    py = str(venv / "bin" / "python")
+    sp = next((venv / "lib").glob("python3*/site-packages"))
+    subprocess.run([uv_bin(), "pip", "install", "pip", "--python", py], check=True, capture_output=True)
+    pip = lambda *a: subprocess.run([py, "-m", "pip", "-q", *a], check=True, capture_output=True)  # noqa: E731
+    time.sleep(2)  # after the create, as days later
+    pip("install", "--no-deps", "flashinfer-python==0.7.2.post1")
+    pip("install", "--no-deps", "torch==2.14.1")
+    pip("install", "--no-deps", "transformers==5.8.1")
+    pip("uninstall", "-y", "safetensors")
+    target = sp / "torch" / "fx" / "_symbolic_trace.py"
+    target.write_text(target.read_text() + "\n_is_fx_tracing_flag = False  # hotfix\n")
+    dup = sp / "numpy-2.0.0.dist-info"
+    shutil.copytree(next(sp.glob("numpy-*.dist-info")), dup)
+    (dup / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 2.0.0\n")
+    (sp / "zz_injected.pth").write_text("import os\n")
+    cache = work / "open-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    env = dict(os.environ, PYTHONPATH=str(work / "elsewhere"), TORCHINDUCTOR_CACHE_DIR=str(cache))
+    events = {"flashinfer installed": "flashinfer-python", "torch replaced": "torch 2.13.0+cpu replaced",
+              "transformers drifted": "transformers 5.6.0 replaced", "hotfix in torch": "_symbolic_trace.py edited",
+              "stale numpy dist-info": "dist-info of numpy", ".pth": "zz_injected.pth", "safetensors removed":
+              "safetensors", "PYTHONPATH": "PYTHONPATH", "0777 cache": "compile cache"}
+    return env, events
+
+
+def story(args) -> None:
+    """How the polluted venv reads: lines of the default report, causes, history, and doctor's time."""
+    work = Path(tempfile.mkdtemp(prefix="envkit-bench-story-"))
+    env = dict(os.environ, ENVKIT_HOME=str(work / "home"))
+    envkit = [sys.executable, "-m", "envkit"]
+    subprocess.run([*envkit, "create", "--profile", "cpu"], check=True, capture_output=True, env=env)
+    venv = work / "home" / "venvs" / "cpu"
+    bad_env, events = pollute_like_the_original_job(venv, work)
+    bad_env["ENVKIT_HOME"] = env["ENVKIT_HOME"]
+    runs = [timed([*envkit, "doctor", "--venv", str(venv)], bad_env) for _ in range(args.repeat)]
+    text = runs[0][1].stdout
+    report = json.loads(timed([*envkit, "doctor", "--venv", str(venv), "--json"], bad_env)[1].stdout)
+    bad = [i for i, f in enumerate(report["findings"]) if f["status"] != "ok"]
+    covered = sorted(i for c in report["causes"] for i in c["findings"])
+    print(text)
+    print(timed([*envkit, "doctor", "--venv", str(venv), "--history"], bad_env)[1].stdout)
+    print(json.dumps({"lines": len(text.splitlines()), "causes": len(report["causes"]), "findings_not_ok": len(bad),
+                      "each_in_one_cause": covered == bad, "polluted_doctor_s": round(statistics.median(
+                          t for t, _ in runs), 3), "named": sorted(e for e, w in events.items() if w in text)}))
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--story", action="store_true",
+                        help="the original job's pollution (issue 16): how doctor's report reads")
     args = parser.parse_args()
+    if args.story:
+        return story(args)
     work = Path(tempfile.mkdtemp(prefix="envkit-bench-doctor-"))
     env = dict(os.environ, ENVKIT_HOME=str(work / "home"), UV_CACHE_DIR=str(work / "uv-cache"))
     envkit = [sys.executable, "-m", "envkit"]

@@ -155,7 +155,7 @@ def test_tiny_learns_at_least_as_well_packed(tmp_path):
     taus = {}
     for flag in ("--no-packing", "--packing"):
         out = tmp_path / flag
-        proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--steps", "300", "--no-compile", flag,
+        proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--steps", "600", "--no-compile", flag,
                                "--out", str(out)], capture_output=True, text=True, cwd=PROJECT, timeout=900)
         assert proc.returncode == 0, proc.stderr[-2000:]
         taus[flag] = json.loads((out / "summary.json").read_text())["tau_end"]
