@@ -26,7 +26,7 @@ from envkit.children import die_with_parent
 from envkit.doctor.findings import Finding, Status
 from envkit.errors import CacheError
 from envkit.installed import installed_versions
-from envkit.trainer_process import run_trainer, trainer_args, trainer_env, trainer_failure
+from envkit.trainer_process import run_trainer, trainer_args, trainer_command, trainer_env, trainer_failure
 from envkit.venv import Venv, write_json_atomic
 
 FINGERPRINT = "fingerprint.json"
@@ -211,7 +211,7 @@ def _progress_bar(done: int, total: int, bucket: int, seconds: float) -> str:
 def _stream_warmup(venv: Venv, args: list[str], env: dict[str, str], quiet: bool) -> dict:
     """Run the trainer's warm-up, drawing its progress lines as a bar on stderr; return its final line."""
     with tempfile.TemporaryDirectory(prefix="envkit-warm-") as out, tempfile.TemporaryFile("w+") as errors:
-        proc = subprocess.Popen([str(venv.python), "-m", "trainer", "warmup", *args, "--out", out],
+        proc = subprocess.Popen(trainer_command(venv, "warmup", *args, "--out", out),
                                 stdout=subprocess.PIPE, stderr=errors, text=True, env=env,
                                 preexec_fn=die_with_parent)
         final = None

@@ -28,7 +28,7 @@ from envkit.installed import installed_versions
 from envkit.progress import Phases
 from envkit.rundir import (CONFIG_JSON, LOG, RUN_JSON, check_run_name, now, read_run, read_summary,
                            update_run)
-from envkit.trainer_process import trainer_env
+from envkit.trainer_process import trainer_command, trainer_env
 from envkit.uvtool import uv_version
 from envkit.venv import Venv, write_json_atomic
 
@@ -148,8 +148,8 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
         raise RunError(f"cannot create the run dir {run_dir}: {exc.strerror}; give --runs-dir a writable dir") from None
     config_path = run_dir / CONFIG_JSON
     write_json_atomic(config_path, described["full_config"])
-    command = [str(venv.python), "-m", "trainer", "train", "--config", str(config_path), "--out", str(run_dir),
-               *request.trainer_args]
+    command = trainer_command(venv, "train", "--config", str(config_path), "--out", str(run_dir),
+                              *request.trainer_args)
     record = {
         "name": run_dir.name, "status": "starting", "config": described["full_config"],
         "config_path": str(config_path), "profile": profile.name if profile else None,

@@ -12,6 +12,11 @@ from envkit.errors import CacheError, EnvkitError
 from envkit.venv import Venv
 
 
+def trainer_command(venv: Venv, *args: str) -> list[str]:
+    """`python -m trainer ARGS` with the venv's own interpreter (run, warm-up and train all start it so)."""
+    return [str(venv.python), "-m", "trainer", *args]
+
+
 def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
     """The environment the trainer runs with: the bundled trainer importable, the private cache dirs."""
     env = dict(os.environ)
@@ -30,7 +35,7 @@ def trainer_args(preset: str | None, config: str | None) -> list[str]:
 def run_trainer(venv: Venv, args: list[str], env: dict[str, str], *, timeout: float | None = None,
                 error: type[EnvkitError] = CacheError):
     """Run to completion; a failure becomes `error` with the trainer's own `Error:` line."""
-    proc = subprocess.run([str(venv.python), "-m", "trainer", *args], capture_output=True, text=True, env=env,
+    proc = subprocess.run(trainer_command(venv, *args), capture_output=True, text=True, env=env,
                           timeout=timeout, preexec_fn=die_with_parent)
     if proc.returncode != 0:
         raise trainer_failure(venv, args, proc.stderr, error)
