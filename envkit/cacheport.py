@@ -143,8 +143,8 @@ def import_(venv: Venv, source: Path, *, sha256: str | None, preset: str | None 
                 (staging / sub).mkdir(mode=0o700)
             blob_path = staging / EXPORT_BLOB
             blob_path.write_bytes(blob)
-            loaded = json.loads(run_trainer(venv, ["load-cache", str(blob_path)],
-                                            trainer_env(venv, staging)).stdout.strip().splitlines()[-1])
+            load = ["load-cache", str(blob_path), "--sha256", header["blob_sha256"]]
+            loaded = json.loads(run_trainer(venv, load, trainer_env(venv, staging)).stdout.strip().splitlines()[-1])
             blob_path.unlink()
             if not loaded.get("loaded") or not scan(staging):
                 raise CacheError(f"torch loaded nothing from {source} (made by another torch build?); the cache was "

@@ -209,10 +209,19 @@ def cmd_describe(args) -> int:
 
 def cmd_load_cache(args) -> int:
     """Load a Mega-Cache blob into the cache dirs named by TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR."""
+    import hashlib
+
     import torch
 
     started = time.perf_counter()
-    info = torch.compiler.load_cache_artifacts(Path(args.blob).read_bytes())
+    blob = Path(args.blob).read_bytes()
+    # torch writes these artifacts and unpickles some (HAZARDS.md H5). Only envkit's `cache import` calls
+    # this, after it checked the export against the user's pinned sha256, the blob against the header's
+    # digest, and every artifact's kind, key and digest (envkit/cacheport.py, envkit/megacache.py); the
+    # digest it verified is checked again here, so bytes changed since then are never loaded.
+    if hashlib.sha256(blob).hexdigest() != args.sha256:
+        raise TrainerInputError(f"{args.blob} is not the blob envkit verified (sha256 differs); nothing loaded")
+    info = torch.compiler.load_cache_artifacts(blob)
     counts = {kind: len(keys) for kind, keys in info.artifacts.items()} if info is not None else {}
     print(json.dumps({"loaded": bool(counts and any(counts.values())), "artifacts": counts,
                       "seconds": round(time.perf_counter() - started, 2)}))
@@ -259,8 +268,9 @@ def main(argv=None) -> int:
         p.add_argument("--fail-at", help=argparse.SUPPRESS)  # KIND:INDEX:STEP, raises there (tests)
         if name == "warmup":
             p.add_argument("--export", help="after warming, write torch's Mega-Cache blob to this file")
-    p = sub.add_parser("load-cache")
+    p = sub.add_parser("load-cache")  # envkit's `cache import` calls it, after verification
     p.add_argument("blob")
+    p.add_argument("--sha256", required=True, help="the digest envkit verified the blob against")
     p = sub.add_parser("eval")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--device")
