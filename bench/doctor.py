@@ -33,6 +33,19 @@ def timed(cmd, env=None) -> tuple[float, subprocess.CompletedProcess]:
     return time.perf_counter() - start, proc
 
 
+def pollute_outside_packages(sp: Path, work: Path) -> dict:
+    """Faults both scenarios share: a stale second numpy dist-info, an unowned .pth, and an environment with
+    PYTHONPATH set and a 0777 inductor cache (returned)."""
+    dup = sp / "numpy-2.0.0.dist-info"
+    shutil.copytree(next(sp.glob("numpy-*.dist-info")), dup)
+    (dup / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 2.0.0\n")
+    (sp / "zz_injected.pth").write_text("import os\n")
+    cache = work / "open-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    return dict(os.environ, PYTHONPATH=str(work / "elsewhere"), TORCHINDUCTOR_CACHE_DIR=str(cache))
+
+
 def pollute(venv: Path, work: Path) -> tuple[dict, dict[str, str]]:
     """Inject faults; return the environment and {fault: the word a report must contain to name it}."""
     py = str(venv / "bin" / "python")
@@ -46,14 +59,7 @@ def pollute(venv: Path, work: Path) -> tuple[dict, dict[str, str]]:
     run("uninstall", "tqdm")
     target = sp / "torch" / "nn" / "functional.py"
     target.write_text(target.read_text() + "\n# hand patch\n")  # hard link: see doctor's message
-    dup = sp / "numpy-2.0.0.dist-info"
-    shutil.copytree(next(sp.glob("numpy-*.dist-info")), dup)
-    (dup / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 2.0.0\n")
-    (sp / "zz_injected.pth").write_text("import os\n")
-    cache = work / "open-cache"
-    cache.mkdir()
-    cache.chmod(0o777)
-    env = dict(os.environ, PYTHONPATH=str(work / "elsewhere"), TORCHINDUCTOR_CACHE_DIR=str(cache))
+    env = pollute_outside_packages(sp, work)
     faults = {"stray sglang": "sglang", "transformers drifted": "transformers", "tqdm missing": "tqdm",
               "torch file edited": "functional.py", "duplicate dist-info": "numpy", ".pth injected": "zz_injected",
               "PYTHONPATH leak": "PYTHONPATH", "world-writable cache": "open-cache"}
@@ -75,14 +81,7 @@ def pollute_like_the_original_job(venv: Path, work: Path) -> tuple[dict, dict[st
     pip("uninstall", "-y", "safetensors")
     target = sp / "torch" / "fx" / "_symbolic_trace.py"
     target.write_text(target.read_text() + "\n_is_fx_tracing_flag = False  # hotfix\n")
-    dup = sp / "numpy-2.0.0.dist-info"
-    shutil.copytree(next(sp.glob("numpy-*.dist-info")), dup)
-    (dup / "METADATA").write_text("Metadata-Version: 2.1\nName: numpy\nVersion: 2.0.0\n")
-    (sp / "zz_injected.pth").write_text("import os\n")
-    cache = work / "open-cache"
-    cache.mkdir()
-    cache.chmod(0o777)
-    env = dict(os.environ, PYTHONPATH=str(work / "elsewhere"), TORCHINDUCTOR_CACHE_DIR=str(cache))
+    env = pollute_outside_packages(sp, work)
     events = {"flashinfer installed": "flashinfer-python", "torch replaced": "torch 2.13.0+cpu replaced",
               "transformers drifted": "transformers 5.6.0 replaced", "hotfix in torch": "_symbolic_trace.py edited",
               "stale numpy dist-info": "dist-info of numpy", ".pth": "zz_injected.pth", "safetensors removed":

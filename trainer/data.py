@@ -60,18 +60,33 @@ class Dataset:
 
 
 def pack(lengths: list[int], capacity: int) -> list[list[int]]:
-    """First-fit decreasing: sequence indices grouped into rows of at most `capacity` tokens."""
+    """First-fit decreasing: sequence indices grouped into rows of at most `capacity` tokens.
+
+    The first row with room is found in a max-tree over the rows' free space: O(n log n), where a scan
+    of every open row made loading a chat data set of 100k conversations quadratic.
+    """
     rows: list[list[int]] = []
-    room: list[int] = []
+    size = 1
+    while size < max(1, len(lengths)):
+        size *= 2
+    free = [-1] * (2 * size)  # free[size + r]: room left in row r (-1: no row yet); inner nodes: max of children
     for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        size = min(lengths[index], capacity)
-        target = next((r for r, free in enumerate(room) if free >= size), None)
-        if target is None:
-            rows.append([index])
-            room.append(capacity - size)
+        need = min(lengths[index], capacity)
+        if free[1] >= need:  # descend to the leftmost row with room
+            node = 1
+            while node < size:
+                node = 2 * node if free[2 * node] >= need else 2 * node + 1
+            row = node - size
+            rows[row].append(index)
         else:
-            rows[target].append(index)
-            room[target] -= size
+            row, node = len(rows), size + len(rows)
+            rows.append([index])
+            free[node] = capacity
+        free[node] -= need
+        node //= 2
+        while node:
+            free[node] = max(free[2 * node], free[2 * node + 1])
+            node //= 2
     return rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import resource
@@ -103,10 +104,6 @@ class Trainer:
         tokenizer = self._tokenizer()
         self.tokenizer_path = str(Path(self._tokenizer_source()).absolute()) if tokenizer is not None else None
         self.mask_token_id = _resolve_mask_token(cfg, tokenizer, self.target.get_input_embeddings().weight.shape[0])
-        # What `trainer export` needs to rebuild a random target exactly as trained against.
-        self.target_identity = None if cfg.target.path else {
-            "device_type": self.target_device.type, "dtype": str(self.dtype).removeprefix("torch."),
-            "checksum": weights_checksum(self.target)}
         self.layer_ids = cfg.drafter.target_layer_ids or target_layer_ids(cfg.target.num_layers, cfg.drafter.num_layers)
         if max(self.layer_ids) >= cfg.target.num_layers or min(self.layer_ids) < 0:
             raise TrainerInputError(f"target_layer_ids {self.layer_ids} outside the target's {cfg.target.num_layers} layers")
@@ -364,6 +361,15 @@ class Trainer:
                 "eager_fallbacks": last_row.get("eager_fallbacks", 0), **inductor_cache_counters()}
 
     # -- state ------------------------------------------------------------------------------------
+    @functools.cached_property
+    def target_identity(self) -> dict | None:
+        """What `trainer export` needs to rebuild a random target exactly as trained against; computed at the
+        first checkpoint, not at start-up (warm-up and describe never need it)."""
+        if self.cfg.target.path:
+            return None
+        return {"device_type": self.target_device.type, "dtype": str(self.dtype).removeprefix("torch."),
+                "checksum": weights_checksum(self.target)}
+
     @property
     def replicas(self) -> list[Replica]:
         return [self.replica]
