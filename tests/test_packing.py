@@ -34,13 +34,15 @@ def test_first_fit_decreasing_fills_rows_and_keeps_every_document():
     assert len(rows) == 4  # 400 tokens need at least 4 rows of 128
 
 
-def test_packed_row_gives_each_document_its_own_target_states():
+@pytest.mark.parametrize("attention", ["dense block-diagonal (SDPA)", "document BlockMask (compiled flex, as on CUDA)"])
+def test_packed_row_gives_each_document_its_own_target_states(attention):
     cfg = tiny().target
     target = build_target(cfg)
-    docs = documents([40, 50, 30])
-    batch = collate([docs], 128)
-    assert batch["positions"][0, 40].item() == 0 and batch["doc_ids"][0, 125].item() == -1
-    packed = tapped_states(target, batch["input_ids"], None, [1, 3], batch["positions"])
+    docs = documents([40, 150, 130])  # several 128-wide tiles: tiles before, inside and across documents
+    batch = collate([docs], 384)
+    assert batch["positions"][0, 40].item() == 0 and batch["doc_ids"][0, 380].item() == -1
+    doc_ids = batch["doc_ids"] if attention.startswith("document") else None
+    packed = tapped_states(target, batch["input_ids"], None, [1, 3], batch["positions"], doc_ids)
     start = 0
     for doc in docs:
         alone = tapped_states(target, torch.tensor([doc.input_ids]), None, [1, 3])
@@ -88,6 +90,48 @@ def test_flex_mask_mod_agrees_with_the_dense_mask_on_packed_rows():
                              batch["doc_ids"])
     flex = create_mask(make_mask_mod(anchors, 128, 8, batch["doc_ids"]), 2, 1, 80, 128 + 80)
     assert torch.equal(flex[:, 0], dense_mask(anchors, 128, 8, batch["doc_ids"]))
+
+
+def row_of(lengths: list[int], length: int) -> torch.Tensor:
+    ids = torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)])
+    return torch.cat([ids, torch.full((length - len(ids),), -1)])[None]
+
+
+@pytest.mark.parametrize("lengths,block_size,num_anchors", [
+    ([100, 60, 96], 16, 16), ([384], 16, 24), ([10, 200, 30, 16], 8, 32), ([300, 40], 16, 8)])
+def test_drafter_tiles_from_anchors_equal_create_block_mask(lengths, block_size, num_anchors):
+    """The BlockMask built from the anchors' ranges skips exactly the tiles create_block_mask does, and
+    flex_attention gives the same output through either."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from trainer.masks import flex_block_mask, make_mask_mod
+
+    length = 128 * ((sum(lengths) + 127) // 128)
+    doc_ids = row_of(lengths, length)
+    anchors = sample_anchors(torch.ones(1, length, dtype=torch.bool), torch.tensor([sum(lengths)]), num_anchors,
+                             block_size, torch.Generator().manual_seed(1), doc_ids)
+    q_len = num_anchors * block_size
+    fast = flex_block_mask(anchors, length, block_size, doc_ids)
+    reference = create_block_mask(make_mask_mod(anchors, length, block_size, doc_ids), 1, None, q_len,
+                                  length + q_len, device="cpu")
+    assert torch.equal(fast.to_dense(), reference.to_dense())
+    q, k = torch.randn(1, 4, q_len, 32), torch.randn(1, 2, length + q_len, 32)
+    v = torch.randn_like(k)
+    assert torch.equal(flex_attention(q, k, v, block_mask=fast, enable_gqa=True),
+                       flex_attention(q, k, v, block_mask=reference, enable_gqa=True))
+
+
+def test_target_document_tiles_equal_create_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from trainer.target_attention import document_mask
+
+    doc_ids = torch.cat([row_of([100, 200, 300], 768), row_of([128, 128, 256, 5], 768)])
+    reference = create_block_mask(
+        lambda b, h, q, kv: (doc_ids[b, q] == doc_ids[b, kv]) & (kv <= q), 2, None, 768, 768, device="cpu")
+    fast = document_mask(doc_ids)
+    assert torch.equal(fast.to_dense(), reference.to_dense())
+    assert fast.sparsity() > 50  # the point of it: most of the causal triangle is between documents
 
 
 def test_packed_loss_is_the_token_weighted_loss_of_the_documents_alone():

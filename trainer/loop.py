@@ -184,7 +184,9 @@ class Trainer:
         batch = {k: v.to(target_device, non_blocking=True) for k, v in batch.items()}
         anchors = anchors.to(target_device, non_blocking=True)
         if cfg.data.packing:  # documents attend within themselves, positions restarting (block-diagonal causal)
-            tapped = tapped_states(target_model, batch["input_ids"], None, self.layer_ids, batch["positions"])
+            # On CUDA through flex over a document BlockMask: the blocks between documents are skipped.
+            doc_ids = batch["doc_ids"] if target_device.type == "cuda" else None
+            tapped = tapped_states(target_model, batch["input_ids"], None, self.layer_ids, batch["positions"], doc_ids)
         else:
             tapped = tapped_states(target_model, batch["input_ids"], batch["attention_mask"], self.layer_ids)
         block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trainer import target_attention
 from trainer.config import TargetConfig
 
 
@@ -32,10 +33,11 @@ def build_target(cfg: TargetConfig, *, device: str | torch.device = "cpu", dtype
     if cfg.path:
         if not Path(cfg.path).is_dir():
             raise TrainerInputError(f"target path {cfg.path} is not a directory; give a local HF model dir with --target")
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype,
+                                                     attn_implementation=target_attention.install())
     else:
         config = _qwen3_config(cfg)
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = target_attention.install()
         if meta:
             with torch.device("meta"):
                 return AutoModelForCausalLM.from_config(config)
@@ -80,14 +82,24 @@ def sync_config_from_model(cfg: TargetConfig, model: nn.Module) -> None:
     cfg.max_position_embeddings = getattr(config, "max_position_embeddings", cfg.max_position_embeddings)
 
 
+def _has_sliding_layers(model: nn.Module) -> bool:
+    return "sliding_attention" in (getattr(model.config, "layer_types", None) or [])
+
+
 @torch.no_grad()
 def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                  layer_ids: list[int], position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                  layer_ids: list[int], position_ids: torch.Tensor | None = None,
+                  doc_ids: torch.Tensor | None = None) -> torch.Tensor:
     """input_ids (B, S) -> concatenated outputs of the tapped decoder layers (B, S, taps*H).
 
-    Packed rows pass no attention mask and position_ids that restart per document: transformers then
-    builds a block-diagonal causal mask (its packed-sequence format), so no document sees another.
+    Packed rows pass no attention mask and position_ids that restart per document. With doc_ids too
+    (B, S), attention is flex over a document-causal BlockMask (trainer/target_attention.py); without,
+    transformers builds a dense block-diagonal causal mask (its packed-sequence format) for SDPA.
+    Either way no document sees another.
     """
+    if doc_ids is not None and not _has_sliding_layers(model):
+        # A ready mask mapping goes to the layers as is: no dense mask is built.
+        attention_mask = {"full_attention": target_attention.document_mask(doc_ids)}
     out = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       output_hidden_states=True, use_cache=False)
     # hidden_states[0] is the embedding output; decoder layer i's output is hidden_states[i + 1].
