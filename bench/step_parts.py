@@ -52,13 +52,18 @@ def main() -> None:
     from trainer.target import tapped_states
 
     cfg = preset(args.preset)
-    cfg.data.source, cfg.data.packing, cfg.data.num_sequences, cfg.data.eval_sequences = "chat_lengths", True, 96, 1
+    cfg.data.source, cfg.data.packing, cfg.data.num_sequences, cfg.data.eval_sequences = "chat_lengths", True, 384, 1
     cfg.compile = False  # the drafter's step is not timed here
     trainer = Trainer(cfg, tempfile.mkdtemp(prefix="envkit-parts-"), log=lambda m: print(m, file=sys.stderr))
     device = trainer.target_device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     bucket = cfg.data.buckets[-1]
-    batch = trainer.train_data.bucket_batch(bucket, cfg.batch_size)
+    from trainer.data import collate
+
+    # The rows of the largest bucket with the most documents: what packing makes of short conversations.
+    data = trainer.train_data
+    rows = sorted(data.by_bucket[bucket], key=lambda r: len(data.rows[r]), reverse=True)[:cfg.batch_size]
+    batch = collate([data.row(r) for r in rows], bucket)
     batch = {k: v.to(device) for k, v in batch.items()}
     ids, positions, doc_ids = batch["input_ids"], batch["positions"], batch["doc_ids"]
     generator = torch.Generator().manual_seed(0)
@@ -78,7 +83,7 @@ def main() -> None:
     }
     result = {"preset": args.preset, "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "bucket": bucket, "batch_size": cfg.batch_size,
-              "documents_in_row": int(doc_ids[0].max()) + 1, "useful_tokens": int(batch["lengths"].sum()),
+              "documents_per_row": [int(row.max()) + 1 for row in doc_ids], "useful_tokens": int(batch["lengths"].sum()),
               "repeat": args.repeat}
     for name, fn in parts.items():
         result[name] = timed(fn, args.repeat, sync)
