@@ -15,7 +15,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,21 +46,21 @@ def main() -> None:
     from torch.nn.attention.flex_attention import create_block_mask
 
     from trainer.config import preset
-    from trainer.loop import Trainer
+    from trainer.setup import build
     from trainer.masks import flex_block_mask, make_mask_mod
     from trainer.target import tapped_states
 
     cfg = preset(args.preset)
     cfg.data.source, cfg.data.packing, cfg.data.num_sequences, cfg.data.eval_sequences = "chat_lengths", True, 384, 1
     cfg.compile = False  # the drafter's step is not timed here
-    trainer = Trainer(cfg, tempfile.mkdtemp(prefix="envkit-parts-"), log=lambda m: print(m, file=sys.stderr))
-    device = trainer.target_device
+    setup = build(cfg, drafters=[None], targets=[None], log=lambda m: print(m, file=sys.stderr))
+    device = setup.target_device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     bucket = cfg.data.buckets[-1]
     from trainer.data import collate
 
     # The rows of the largest bucket with the most documents: what packing makes of short conversations.
-    data = trainer.train_data
+    data = setup.train_data
     rows = sorted(data.by_bucket[bucket], key=lambda r: len(data.rows[r]), reverse=True)[:cfg.batch_size]
     batch = collate([data.row(r) for r in rows], bucket)
     batch = {k: v.to(device) for k, v in batch.items()}
@@ -72,10 +71,10 @@ def main() -> None:
     anchors = sample_anchors(batch["loss_mask"].cpu(), batch["lengths"].cpu(), cfg.num_anchors,
                              cfg.drafter.block_size, generator, doc_ids.cpu()).to(device)
     block, q_len = cfg.drafter.block_size, cfg.num_anchors * cfg.drafter.block_size
-    layers = trainer.layer_ids
+    layers = setup.layer_ids
     parts = {
-        "target_sdpa_dense_ms": lambda: tapped_states(trainer.target, ids, None, layers, positions),
-        "target_flex_documents_ms": lambda: tapped_states(trainer.target, ids, None, layers, positions, doc_ids),
+        "target_sdpa_dense_ms": lambda: tapped_states(setup.target, ids, None, layers, positions),
+        "target_flex_documents_ms": lambda: tapped_states(setup.target, ids, None, layers, positions, doc_ids),
         "drafter_mask_create_block_mask_ms": lambda: create_block_mask(
             make_mask_mod(anchors, bucket, block, doc_ids), cfg.batch_size, None, q_len, bucket + q_len,
             device=device),
@@ -88,7 +87,6 @@ def main() -> None:
     for name, fn in parts.items():
         result[name] = timed(fn, args.repeat, sync)
         print(f"{name:36} {result[name]:9.2f}", file=sys.stderr)
-    trainer.close()
     print(json.dumps(result), flush=True)
     if args.out:
         with open(args.out, "a") as handle:

@@ -55,36 +55,26 @@ def run_variant(args) -> dict:
         cfg.data.packing = args.packing
     out = Path(tempfile.mkdtemp(prefix="envkit-bench-tp-"))
     started = time.perf_counter()
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     if args.targets or args.drafters:
-        from trainer.pipeline import ThreadedTrainer
-
         unwarmed = tuple(int(b) for b in args.unwarmed.split(",")) if args.unwarmed else ()
-        trainer = ThreadedTrainer(cfg, out, targets=args.targets.split(","), drafters=args.drafters.split(","),
-                                  mitigations=not args.no_mitigations, log=lambda m: print(m, file=sys.stderr),
-                                  unwarmed=unwarmed)
-        replicas = len(trainer.all_replicas)
+        trainer = Trainer.threaded(cfg, out, targets=args.targets.split(","), drafters=args.drafters.split(","),
+                                   mitigations=not args.no_mitigations, log=log, unwarmed=unwarmed)
     else:
-        trainer = Trainer(cfg, out, device=args.device, log=lambda m: print(m, file=sys.stderr))
-        replicas = 1
+        trainer = Trainer.sequential(cfg, out, device=args.device, log=log)
+    replicas = len(trainer.setup.replicas)
     setup_s = time.perf_counter() - started
     warm_started = time.perf_counter()
     trainer.warmup()
     warmup_s = time.perf_counter() - warm_started
-    if args.targets or args.drafters:
-        try:
-            trainer.train()
-        except Exception as exc:  # the unmitigated race: report it as the result
-            return {"variant": args.variant, "mitigations": not args.no_mitigations, "replicas": replicas,
-                    "error": [f"{type(exc).__name__}: {str(exc)[:300]}"]}
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        rows = [r for r in rows if "loss" in r][args.skip:]
-    else:
-        rows = []
-        for _ in range(cfg.steps):
-            rows.append(trainer.step())
-        rows = rows[args.skip:]
-    trainer.close()
-    device = trainer.device
+    try:
+        rows = [trainer.step() for _ in range(cfg.steps)][args.skip:]
+    except Exception as exc:  # the unmitigated race: report it as the result
+        return {"variant": args.variant, "mitigations": not args.no_mitigations, "replicas": replicas,
+                "error": [f"{type(exc).__name__}: {str(exc)[:300]}"]}
+    finally:
+        trainer.close()
+    device = trainer.setup.device
     step_tokens = [cfg.batch_size * replicas * r["bucket"] for r in rows]
     step_s = [tokens / r["tokens_per_s"] for tokens, r in zip(step_tokens, rows)]
     flops = [cfg.batch_size * replicas * sequence_flops(cfg, r["bucket"])["total"] for r in rows]

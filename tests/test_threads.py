@@ -107,21 +107,21 @@ def test_the_tracing_thread_still_sees_its_own_trace():
 
 def small_threaded(tmp_path, **kwargs):
     from trainer.config import tiny
-    from trainer.pipeline import ThreadedTrainer
+    from trainer.loop import Trainer
 
     cfg = tiny()
     cfg.data.buckets, cfg.data.num_sequences, cfg.data.eval_sequences = [64], 32, 4
     cfg.steps, cfg.log_every, cfg.eval_every, cfg.ckpt_every = kwargs.pop("steps", 30), 10, 0, 0
     cfg.compile = kwargs.pop("compile", True)
-    return ThreadedTrainer(cfg, tmp_path / "run", targets=["cpu"], drafters=["cpu", "cpu"], log=lambda m: None,
-                           **kwargs)
+    return Trainer.threaded(cfg, tmp_path / "run", targets=["cpu"], drafters=["cpu", "cpu"], log=lambda m: None,
+                            **kwargs)
 
 
 @pytest.mark.slow
 def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
     from trainer.data import collate
-    from trainer.loop import to_device
-    from trainer.pipeline import weights_digest
+    from trainer.gradients import weights_digest
+    from trainer.steps import prepare, to_device
 
     trainer = small_threaded(tmp_path)
     summary = trainer.train()
@@ -130,7 +130,7 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
     assert len(steps) == 30 and summary["steps"] == 30
     assert all(r["eager_fallbacks"] == 0 and r["recompiles"] == 0 for r in steps)
     assert set(steps[-1]["threads_tokens_per_s"]) == {"drafter0", "drafter1"}
-    digests = {weights_digest(r.drafter) for r in trainer.all_replicas}
+    digests = {weights_digest(r.drafter) for r in trainer.setup.replicas}
     assert len(digests) == 1  # bit-identical
 
     # A shape outside the buckets compiles under the exclusive gate while another thread runs the target.
@@ -138,13 +138,14 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
 
     stop = threading.Event()
     errors = []
+    setup, gate = trainer.setup, trainer.executor.gate
 
     def forwards():
-        batch = trainer.train_data.bucket_batch(64, 2)
+        batch = setup.train_data.bucket_batch(64, 2)
         while not stop.is_set():
             try:
-                with trainer.gate.shared():
-                    trainer._prepare(batch, torch.Generator().manual_seed(0))
+                with gate.shared():
+                    prepare(setup, batch, torch.Generator().manual_seed(0))
             except Exception as exc:  # pragma: no cover - the failure this test exists to catch
                 errors.append(exc)
                 return
@@ -152,20 +153,20 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
     other = threading.Thread(target=forwards)
     other.start()
     try:
-        replica = trainer.all_replicas[0]
-        odd = collate([[seq] for seq in trainer.train_data.sequences[:2]], 96)
-        with trainer.gate.for_shape((0, 96)) as compiling:
-            replica.loss_fn(*to_device(trainer._prepare(odd, torch.Generator().manual_seed(1)), replica.device)).backward()
+        replica = setup.replicas[0]
+        odd = collate([[seq] for seq in setup.train_data.sequences[:2]], 96)
+        with gate.for_shape((0, 96)) as compiling:
+            replica.loss_fn(*to_device(prepare(setup, odd, torch.Generator().manual_seed(1)), replica.device)).backward()
     finally:
         stop.set()
         other.join()
     assert compiling and not errors
-    assert trainer.monitor.since_warm()["recompiles"] >= 1 and trainer.gate.exclusive_entries == 1
+    assert trainer.monitor.since_warm()["recompiles"] >= 1 and gate.exclusive_entries == 1
     trainer.close()
 
 
 def test_a_failing_drafter_thread_ends_the_run_quickly(tmp_path):
-    from trainer.pipeline import InjectedFailure
+    from trainer.executors import InjectedFailure
 
     trainer = small_threaded(tmp_path, steps=10_000, compile=False, fail_at="drafter:1:3")
     started = time.monotonic()
@@ -175,31 +176,37 @@ def test_a_failing_drafter_thread_ends_the_run_quickly(tmp_path):
     trainer.close()
 
 
-def test_a_stalled_replica_breaks_the_run_with_an_error_not_a_hang(tmp_path, monkeypatch):
-    from trainer import pipeline
+@pytest.mark.parametrize("stalled,error", [
+    ("drafter:1:3:stall", "lost step sync"),  # the other replica waits at the gradient barrier
+    ("target:0:3:stall", "step 3 made no progress"),  # every drafter waits for work no one will send
+], ids=["replica", "target worker"])
+def test_a_stalled_worker_is_an_error_not_a_hang(tmp_path, monkeypatch, stalled, error):
+    from trainer import executors
 
-    monkeypatch.setattr(pipeline, "BARRIER_TIMEOUT_S", 2.0)
-    trainer = small_threaded(tmp_path, steps=10_000, compile=False, fail_at="drafter:1:3:stall")
+    monkeypatch.setattr(executors, "STALL_TIMEOUT_S", 2.0)
+    trainer = small_threaded(tmp_path, steps=10_000, compile=False, fail_at=stalled)
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="lost step sync"):
+    with pytest.raises(RuntimeError, match=error):
         trainer.train()
     assert time.monotonic() - started < 30
+    assert not any(t.is_alive() for t in trainer.executor.threads)  # train() joined them on the way out
     trainer.close()
 
 
 def test_a_slow_target_worker_keeps_out_of_order_results_bounded(tmp_path):
-    from trainer.pipeline import MAX_AHEAD, ThreadedTrainer
     from trainer.config import tiny
+    from trainer.executors import MAX_AHEAD
+    from trainer.loop import Trainer
 
     cfg = tiny()
     cfg.data.buckets, cfg.data.num_sequences, cfg.data.eval_sequences = [64], 32, 4
     cfg.steps, cfg.eval_every, cfg.ckpt_every, cfg.compile = 40, 0, 0, False
     cfg.walk_prompts, cfg.walk_new_tokens = 1, 8
-    trainer = ThreadedTrainer(cfg, tmp_path / "run", targets=["cpu", "cpu", "cpu"], drafters=["cpu"],
-                              log=lambda m: None, fail_at="target:0:2:slow")
+    trainer = Trainer.threaded(cfg, tmp_path / "run", targets=["cpu", "cpu", "cpu"], drafters=["cpu"],
+                               log=lambda m: None, fail_at="target:0:2:slow")
     trainer.train()
     assert trainer.step_count == 40
-    assert 1 <= trainer.max_pending <= MAX_AHEAD + 1
+    assert 1 <= trainer.executor.max_pending <= MAX_AHEAD + 1
     trainer.close()
 
 

@@ -130,15 +130,15 @@ def test_resume_gives_the_same_losses(tmp_path):
     def losses(path: Path) -> list[float]:
         return [r["loss"] for r in map(json.loads, path.read_text().splitlines()) if "loss" in r]
 
-    whole = Trainer(small_config(), tmp_path / "whole", log=lambda m: None)
+    whole = Trainer.sequential(small_config(), tmp_path / "whole", log=lambda m: None)
     whole.train()
     whole.close()
-    part = Trainer(small_config(), tmp_path / "part", log=lambda m: None)
+    part = Trainer.sequential(small_config(), tmp_path / "part", log=lambda m: None)
     for _ in range(3):  # the same run, stopped after three steps
         part._write(part.step())
     part.save_checkpoint()
     part.close()
-    resumed = Trainer(small_config(), tmp_path / "part", resume=True, log=lambda m: None)
+    resumed = Trainer.sequential(small_config(), tmp_path / "part", resume=True, log=lambda m: None)
     assert resumed.step_count == 3
     resumed.train()
     resumed.close()

@@ -86,17 +86,15 @@ def _make_trainer(args, cfg, log):
         # 1.89x one GPU against 1.61x for target and drafter on separate GPUs (bench/RESULTS.md, issue 15).
         args.targets = args.drafters = ",".join(f"cuda:{i}" for i in range(args.gpus))
     if not (args.targets or args.drafters or dist):
-        return Trainer(cfg, Path(args.out), device=args.device, resume=args.resume, log=log)
-    from trainer.pipeline import ThreadedTrainer
-
+        return Trainer.sequential(cfg, Path(args.out), device=args.device, resume=args.resume, log=log)
     default = [args.device or ("cuda" if torch.cuda.is_available() else "cpu")]
     if dist and default[0] == "cuda":  # one GPU per process under torchrun
         default = [f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"]
     targets = args.targets.split(",") if args.targets else default
     drafters = args.drafters.split(",") if args.drafters else default
-    return ThreadedTrainer(cfg, Path(args.out), targets=targets, drafters=drafters,
-                           mitigations=not args.no_mitigations, strict_compile=args.strict_compile,
-                           fail_at=args.fail_at, resume=args.resume, log=log, dist=dist)
+    return Trainer.threaded(cfg, Path(args.out), targets=targets, drafters=drafters,
+                            mitigations=not args.no_mitigations, strict_compile=args.strict_compile,
+                            fail_at=args.fail_at, resume=args.resume, log=log, dist=dist)
 
 
 def cmd_train(args) -> int:
@@ -141,7 +139,8 @@ def cmd_eval(args) -> int:
 
     state = checkpoint.load(Path(args.ckpt))
     cfg = TrainConfig.from_dict(state["config"])
-    trainer = Trainer(cfg, Path(args.ckpt).parent, device=args.device, log=lambda m: print(m, file=sys.stderr))
+    trainer = Trainer.sequential(cfg, Path(args.ckpt).parent, device=args.device,
+                                 log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)
     print(json.dumps(trainer.evaluate_walk() if args.walk else trainer.evaluate()))
     return 0
@@ -165,7 +164,7 @@ def cmd_warmup(args) -> int:
     cfg.data.num_sequences = min(cfg.data.num_sequences, 4 * cfg.batch_size)
     cfg.data.eval_sequences = 1
     started = time.perf_counter()
-    trainer = Trainer(cfg, Path(args.out), device=args.device, log=lambda m: print(m, file=sys.stderr))
+    trainer = Trainer.sequential(cfg, Path(args.out), device=args.device, log=lambda m: print(m, file=sys.stderr))
 
     def progress(done, total, bucket):
         print(json.dumps({"progress": done, "total": total, "bucket": bucket,

@@ -1,0 +1,168 @@
+"""What a run trains with, built once: the target models, the drafter replicas, the data, the mask token.
+
+`build` is the one place a run's pieces are made, for one device or several. Threaded runs call
+threadsafe.install() before it, since a Replica compiles its loss when it is built.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainer import data as datasets
+from trainer.config import TrainConfig, target_layer_ids
+from trainer.model import BACKENDS, build_drafter
+from trainer.replica import Replica
+from trainer.target import TrainerInputError, build_target, sync_config_from_model
+
+
+@dataclass
+class Setup:
+    cfg: TrainConfig
+    dtype: torch.dtype
+    backend: str  # the drafter's attention: flex or sdpa
+    targets: list[nn.Module]  # one frozen target per target device
+    replicas: list[Replica]  # one drafter replica per drafter device, bit-identical weights
+    layer_ids: list[int]  # the target layers the drafter reads
+    mask_token_id: int
+    tokenizer_path: str | None
+    train_data: datasets.Dataset
+    eval_data: datasets.Dataset
+
+    @property
+    def target(self) -> nn.Module:
+        return self.targets[0]
+
+    @property
+    def replica(self) -> Replica:
+        return self.replicas[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.replica.device
+
+    @property
+    def target_device(self) -> torch.device:
+        return device_of(self.target)
+
+
+def device_of(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def pick_device(requested: str | None) -> torch.device:
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_attention(cfg: TrainConfig, device: torch.device):
+    backend = cfg.attention
+    if backend == "auto":
+        backend = "flex" if device.type == "cuda" else "sdpa"
+    if backend == "flex" and device.type == "cpu":
+        raise TrainerInputError("flex_attention has no backward on CPU (HAZARDS.md H7); use --attention sdpa")
+    return backend, BACKENDS[backend]
+
+
+def build(cfg: TrainConfig, *, drafters: list[str | None], targets: list[str | None], log=print) -> Setup:
+    """Targets on `targets`, one drafter replica per entry of `drafters` (None: CUDA when there is one)."""
+    drafter_devices = [pick_device(d) for d in drafters]
+    target_devices = [pick_device(d) for d in targets]
+    dtype = getattr(torch, cfg.dtype) if drafter_devices[0].type == "cuda" else torch.float32
+    target = build_target(cfg.target, device=target_devices[0], dtype=dtype)
+    if cfg.target.path:
+        sync_config_from_model(cfg.target, target)
+    tokenizer = load_tokenizer(cfg)
+    mask_token_id = resolve_mask_token(cfg, tokenizer, target.get_input_embeddings().weight.shape[0])
+    layer_ids = tapped_layers(cfg)
+    torch.manual_seed(cfg.seed)
+    backend, attention = pick_attention(cfg, drafter_devices[0])
+    first = Replica(cfg, build_drafter(cfg.drafter, cfg.target, len(layer_ids)), drafter_devices[0],
+                    target.get_input_embeddings().weight, target.get_output_embeddings().weight, attention, dtype)
+    replicas = [first] + [first.clone_to(device) for device in drafter_devices[1:]]
+    train_data, eval_data = build_datasets(cfg, tokenizer, target, mask_token_id, log)
+    # Further targets after the data: generated data comes from the first, and a random target is rebuilt
+    # from its seed, so every target holds the same weights.
+    others = [build_target(cfg.target, device=device, dtype=dtype) for device in target_devices[1:]]
+    tokenizer_path = str(Path(tokenizer_source(cfg)).absolute()) if tokenizer is not None else None
+    return Setup(cfg, dtype, backend, [target] + others, replicas, layer_ids, mask_token_id, tokenizer_path,
+                 train_data, eval_data)
+
+
+def tapped_layers(cfg: TrainConfig) -> list[int]:
+    layer_ids = cfg.drafter.target_layer_ids or target_layer_ids(cfg.target.num_layers, cfg.drafter.num_layers)
+    if max(layer_ids) >= cfg.target.num_layers or min(layer_ids) < 0:
+        raise TrainerInputError(f"target_layer_ids {layer_ids} outside the target's {cfg.target.num_layers} layers")
+    return layer_ids
+
+
+def tokenizer_source(cfg: TrainConfig) -> str | None:
+    return cfg.data.tokenizer or (cfg.target.path if cfg.data.path else None)
+
+
+def load_tokenizer(cfg: TrainConfig):
+    source = tokenizer_source(cfg)
+    if not source:
+        return None
+    if not Path(source).is_dir():
+        raise TrainerInputError(f"tokenizer path {source} is not a directory; give --tokenizer PATH")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source)
+
+
+def resolve_mask_token(cfg: TrainConfig, tokenizer, embedding_rows: int) -> int:
+    """The config's; else the tokenizer's; else the first embedding row beyond the tokenizer (Qwen3 has none)."""
+    chosen = cfg.target.mask_token_id
+    if chosen is None and tokenizer is not None:
+        chosen = tokenizer.mask_token_id
+        if chosen is None and len(tokenizer) < embedding_rows:
+            chosen = len(tokenizer)  # a row no text token uses: the drafter learns it as MASK
+        if chosen is None:
+            raise TrainerInputError(f"no mask token: the tokenizer has none and all {embedding_rows} embedding rows "
+                                    f"are text tokens; set target.mask_token_id in the config or add a mask token "
+                                    f"to the tokenizer")
+    if chosen is None:
+        chosen = cfg.target.vocab_size - 1  # presets reserve the last id
+    if not 0 <= chosen < embedding_rows:
+        raise TrainerInputError(f"mask_token_id {chosen} is outside the target's {embedding_rows} embedding rows")
+    return chosen
+
+
+def build_datasets(cfg: TrainConfig, tokenizer, target: nn.Module, mask_token_id: int, log):
+    """Training rows (packed unless --no-packing) and held-out sequences (one a row: tau reads them alone)."""
+    block = cfg.drafter.block_size
+    if cfg.data.path:
+        train = datasets.load_jsonl(cfg.data.path, cfg.data, block, tokenizer)
+        # Hold out the last few sequences for tau.
+        held = max(1, min(cfg.data.eval_sequences, len(train.sequences) // 10))
+        eval_data = datasets.Dataset(train.sequences[-held:], cfg.data.buckets)
+        train = datasets.Dataset(train.sequences[:-held] or train.sequences, cfg.data.buckets,
+                                 dropped_short=train.dropped_short, truncated=train.truncated,
+                                 skipped_bad=train.skipped_bad)
+    elif cfg.data.source in ("random", "chat_lengths"):
+        vocab = cfg.target.vocab_size
+        train = datasets.random_tokens(cfg.data, cfg.data.num_sequences, vocab, mask_token_id, cfg.seed + 1, block)
+        eval_data = datasets.random_tokens(cfg.data, cfg.data.eval_sequences, vocab, mask_token_id, cfg.seed + 2,
+                                           block)
+    else:
+        started = time.perf_counter()
+        device = device_of(target)  # generated on the target's own device
+        train = datasets.generate(target, cfg.data, cfg.data.num_sequences, mask_token_id, cfg.seed + 1, block, device)
+        eval_data = datasets.generate(target, cfg.data, cfg.data.eval_sequences, mask_token_id, cfg.seed + 2, block,
+                                      device)
+        log(f"generated {len(train.sequences)} training and {len(eval_data.sequences)} held-out sequences "
+            f"from the target in {time.perf_counter() - started:.1f}s")
+    if train.dropped_short or train.truncated or train.skipped_bad:
+        log(f"data: dropped {train.dropped_short} too short for one block, truncated {train.truncated} "
+            f"to {cfg.data.buckets[-1]} tokens, skipped {train.skipped_bad} malformed lines")
+    if cfg.data.packing:
+        train = datasets.Dataset(train.sequences, cfg.data.buckets, dropped_short=train.dropped_short,
+                                 truncated=train.truncated, skipped_bad=train.skipped_bad, packing=True)
+        log(f"data: packed {len(train.sequences)} sequences into {len(train.rows)} rows")
+    return train, eval_data

@@ -1,0 +1,94 @@
+"""A training step's two halves, shared by every executor: the target side (which batch, anchors, the
+target's tapped states, block targets) and the drafter side (loss, backward)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.loss import block_targets, sample_anchors
+from trainer.replica import Replica
+from trainer.setup import Setup, device_of
+from trainer.target import tapped_states
+
+
+@dataclass
+class Work:
+    """One replica's share of a step, prepared on a target's device."""
+    step: int
+    replica: int
+    inputs: tuple  # tapped, block_ids, anchors, labels, weights, positions, doc_ids
+    useful_tokens: int  # not padding
+    positions: int  # padding included
+    bucket: int
+    stats: dict  # work_stats
+
+
+def to_device(tensors: tuple, device: torch.device) -> tuple:
+    return tuple(t.to(device, non_blocking=True) for t in tensors)
+
+
+def batch_index(step: int, replica: int, replicas: int, rank: int = 0, world_size: int = 1) -> int:
+    """Which batch of the data order a replica trains on at a step: every (step, rank, replica) its own."""
+    return (step * world_size + rank) * replicas + replica
+
+
+def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=None) -> tuple:
+    """Anchors, the target's tapped states and the block tensors of a batch, on the target's device."""
+    cfg = setup.cfg
+    target_model = target_model or setup.target
+    target_device = device_of(target_model)
+    anchors = sample_anchors(batch["loss_mask"], batch["lengths"], cfg.num_anchors, cfg.drafter.block_size,
+                             generator, batch["doc_ids"])
+    batch = {k: v.to(target_device, non_blocking=True) for k, v in batch.items()}
+    anchors = anchors.to(target_device, non_blocking=True)
+    if cfg.data.packing:  # documents attend within themselves, positions restarting (block-diagonal causal)
+        # On CUDA through flex over a document BlockMask: the blocks between documents are skipped.
+        doc_ids = batch["doc_ids"] if target_device.type == "cuda" else None
+        tapped = tapped_states(target_model, batch["input_ids"], None, setup.layer_ids, batch["positions"], doc_ids)
+    else:
+        tapped = tapped_states(target_model, batch["input_ids"], batch["attention_mask"], setup.layer_ids)
+    block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,
+                                               cfg.drafter.block_size, cfg.drafter.gamma, setup.mask_token_id)
+    return tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"]
+
+
+def prepare_work(setup: Setup, step: int, replica: int, index: int, target_model=None) -> Work:
+    """The batch of data-order position `index`, prepared for `replica` at `step`."""
+    cfg = setup.cfg
+    batch = setup.train_data.batch(index, cfg.batch_size, cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed * 7_919 + index)
+    inputs = prepare(setup, batch, generator, target_model)
+    return Work(step, replica, inputs, int(batch["lengths"].sum()), int(batch["input_ids"].numel()),
+                int(batch["input_ids"].shape[1]), work_stats(batch, inputs[2]))
+
+
+def forward_backward(replica: Replica, inputs: tuple) -> torch.Tensor:
+    """The drafter's loss on prepared inputs, gradients accumulated; returns the loss (not synchronised)."""
+    replica.drafter.train()
+    loss = replica.loss_fn(*to_device(inputs, replica.device))
+    loss.backward()
+    return loss
+
+
+def work_stats(batch: dict, anchors: torch.Tensor) -> dict:
+    """What a step really computed, for useful-token FLOPs: the sum of squared document lengths (the
+    target's block-diagonal attention) and the anchors placed."""
+    docs = batch["doc_ids"]
+    counts = [torch.bincount(row[row >= 0]) for row in docs]
+    return {"doc_tokens_sq": int(sum(int((c * c).sum()) for c in counts)), "anchors": int((anchors >= 0).sum())}
+
+
+def compile_buckets(setup: Setup, buckets: list[int], progress=None) -> None:
+    """Warm-up: every bucket through every target (their attention compiles per shape and device) and
+    every replica, forward and backward, single-threaded (HAZARDS.md H4)."""
+    generator = torch.Generator().manual_seed(0)
+    for done, bucket in enumerate(buckets, 1):
+        batch = setup.train_data.bucket_batch(bucket, setup.cfg.batch_size)
+        inputs = [prepare(setup, batch, generator, target) for target in setup.targets][0]
+        for replica in setup.replicas:
+            forward_backward(replica, inputs)
+            replica.optimizer.zero_grad(set_to_none=True)
+        if progress:
+            progress(done, len(buckets), bucket)
