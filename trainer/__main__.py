@@ -97,11 +97,17 @@ def _make_trainer(args, cfg, log):
                             fail_at=args.fail_at, resume=args.resume, log=log, dist=dist)
 
 
+def _log_line(message: str) -> None:
+    """One write per line: torchrun's ranks share stdout, and a pipe keeps a short write whole."""
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
 def cmd_train(args) -> int:
     cfg = _config(args)
     from trainer.loop import Interrupted
 
-    trainer = _make_trainer(args, cfg, lambda m: print(m, flush=True))
+    trainer = _make_trainer(args, cfg, _log_line)
     received: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop_at_step_boundary(trainer, received))
