@@ -56,7 +56,11 @@ def run_variant(args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="envkit-bench-tp-"))
     started = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    if args.targets or args.drafters:
+    dist = _distributed()
+    if dist:  # under torchrun (--processes): one process per GPU, a target worker and a drafter replica in each
+        device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+        trainer = Trainer.threaded(cfg, out, targets=[device], drafters=[device], log=log, dist=dist)
+    elif args.targets or args.drafters:
         unwarmed = tuple(int(b) for b in args.unwarmed.split(",")) if args.unwarmed else ()
         trainer = Trainer.threaded(cfg, out, targets=args.targets.split(","), drafters=args.drafters.split(","),
                                    mitigations=not args.no_mitigations, log=log, unwarmed=unwarmed)
@@ -75,9 +79,12 @@ def run_variant(args) -> dict:
     finally:
         trainer.close()
     device = trainer.setup.device
-    step_tokens = [cfg.batch_size * replicas * r["bucket"] for r in rows]
+    world = dist.get_world_size() if dist else 1
+    if dist and dist.get_rank() != 0:
+        return {}
+    step_tokens = [cfg.batch_size * replicas * world * r["bucket"] for r in rows]
     step_s = [tokens / r["tokens_per_s"] for tokens, r in zip(step_tokens, rows)]
-    flops = [cfg.batch_size * replicas * sequence_flops(cfg, r["bucket"])["total"] for r in rows]
+    flops = [cfg.batch_size * replicas * world * sequence_flops(cfg, r["bucket"])["total"] for r in rows]
     useful = [r["useful_tokens_per_s"] * s for r, s in zip(rows, step_s)]
     # Useful-token FLOPs: padding, attention across documents and unplaced anchors count nothing.
     flops_useful = [useful_flops(cfg, int(u), r["doc_tokens_sq"], r["anchors"]) for u, r in zip(useful, rows)]
@@ -88,12 +95,13 @@ def run_variant(args) -> dict:
     achieved_useful = sum(flops_useful) / sum(step_s)
     peak_tflops = args.peak_tflops if args.peak_tflops else (790.0 if device.type == "cuda" else None)
     # MFU is per GPU: the achieved rate over the peak of every distinct device the run used.
-    gpus = len({d for d in (args.targets + "," + args.drafters).split(",") if d}) or 1
+    gpus = world * (len({d for d in (args.targets + "," + args.drafters).split(",") if d}) or 1)
     return {
         "variant": args.variant, "preset": args.preset, "device": torch.cuda.get_device_name(0)
         if device.type == "cuda" else "cpu", "torch": torch.__version__,
         "triton": _version("triton"), "steps": len(rows), "batch_size": cfg.batch_size, "num_anchors": cfg.num_anchors,
-        "buckets": cfg.data.buckets, "replicas": replicas, "mitigations": not args.no_mitigations,
+        "buckets": cfg.data.buckets, "replicas": replicas, "world_size": world,
+        "mitigations": not args.no_mitigations,
         "data_source": cfg.data.source, "packing": cfg.data.packing, "tokens_per_s": round(tokens_per_s, 1),
         "useful_tokens_per_s": round(sum(useful) / sum(step_s), 1),
         "pad_fraction": round(1 - sum(useful) / sum(step_tokens), 4),
@@ -107,6 +115,18 @@ def run_variant(args) -> dict:
         "setup_s": round(setup_s, 1), "warmup_s": round(warmup_s, 1),
         "flops_per_sequence_tflop": round(sequence_flops(cfg, cfg.data.buckets[-1])["total"] / 1e12, 1),
     }
+
+
+def _distributed():
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist
 
 
 def _version(name: str) -> str | None:
@@ -136,18 +156,24 @@ def main() -> None:
     parser.add_argument("--num-sequences", type=int, help="training sequences to draw (default: 4 batches)")
     parser.add_argument("--targets", default="")
     parser.add_argument("--drafters", default="")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="processes under torchrun, one GPU each (data parallel across processes)")
     parser.add_argument("--no-mitigations", action="store_true")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default 790 on CUDA: H200 bf16)")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     parser.add_argument("--timeout", type=int, default=900)
     args = parser.parse_args()
     if args.variant:
-        print(json.dumps(run_variant(args)), flush=True)
+        result = run_variant(args)
+        if result:  # torchrun ranks other than 0 report nothing
+            print(json.dumps(result), flush=True)
         return
     results = []
     passthrough = [a for a in sys.argv[1:]]
     for variant in args.variants.split(","):
         cmd = [sys.executable, __file__, *passthrough, "--variant", variant]
+        if args.processes > 1:
+            cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.processes)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=PROJECT,
                                   env=dict(os.environ, PYTHONPATH=str(PROJECT)))

@@ -64,17 +64,33 @@ SMALL = {"preset": "tiny", "data": {"num_sequences": 32, "eval_sequences": 4}, "
          "walk_new_tokens": 16, "eval_every": 0}
 
 
-def _stop_mid_run(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--out", str(out), "--steps", "100000",
-                             "--no-compile", *extra], cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def _rank_pid(launcher_pid: int, rank: int) -> int:
+    """The pid of torchrun's worker with LOCAL_RANK=rank."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == launcher_pid and f"LOCAL_RANK={rank}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no rank {rank} under pid {launcher_pid}")
+
+
+def _stop_mid_run(out: Path, *extra: str, launcher: tuple[str, ...] = (), rank: int | None = None):
+    """SIGTERM after three logged steps: to the trainer, or under torchrun to one rank only."""
+    proc = subprocess.Popen([sys.executable, *launcher, "-m", "trainer", "train", "--out", str(out), "--steps",
+                             "100000", "--no-compile", *extra], cwd=PROJECT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if (out / "metrics.jsonl").exists() and sum('"loss"' in line for line in
                                                     (out / "metrics.jsonl").read_text().splitlines()) >= 3:
             break
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    os.kill(proc.pid if rank is None else _rank_pid(proc.pid, rank), signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
@@ -99,6 +115,21 @@ def test_sigterm_stops_at_a_step_boundary_and_resume_is_exact(tmp_path, layout):
     steps = [row["step"] for row in _metrics(out) if "loss" in row]
     assert steps == list(range(1, state["step"] + 3))  # continues with the next step, none re-trained
     assert json.loads((out / "summary.json").read_text())["steps"] == state["step"] + 2
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_stop_after_the_same_step(tmp_path):
+    """SIGTERM to one rank only: both agree to stop after the same step, so neither waits in an
+    all-reduce for a partner that has left, and rank 0 checkpoints."""
+    (tmp_path / "small.json").write_text(json.dumps(SMALL))
+    out = tmp_path / "run"
+    proc = _stop_mid_run(out, "--config", str(tmp_path / "small.json"), rank=1,
+                         launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"))
+    stopped = [line for line in proc.stdout.splitlines() if line.startswith("interrupted at step")]
+    assert len(stopped) == 2, proc.stdout + proc.stderr[-3000:]
+    assert len({line.split()[3] for line in stopped}) == 1, stopped  # the same step on both ranks
+    state = checkpoint.load(out / "checkpoint.pt")
+    assert [row["step"] for row in _metrics(out) if "loss" in row] == list(range(1, state["step"] + 1))
 
 
 @pytest.mark.slow

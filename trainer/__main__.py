@@ -65,6 +65,8 @@ def _distributed():
     import torch
     import torch.distributed as dist
 
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # NCCL's communicator on this rank's GPU
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return dist
 

@@ -134,9 +134,9 @@ class ThreadedExecutor:
         finished = [self._finished(step) for _ in self.setup.replicas]
         works = [work for _, work in finished]
         stats: dict = {}
-        for work in works:
+        for work in works:  # under torchrun this process's figures stand for every process's
             for key, value in work.stats.items():
-                stats[key] = stats.get(key, 0) + value
+                stats[key] = stats.get(key, 0) + value * self.world_size
         return StepResult(step + 1, sum(loss for loss, _ in finished) / len(finished),
                           sum(w.useful_tokens for w in works) * self.world_size,
                           sum(w.positions for w in works) * self.world_size, works[0].bucket, stats,

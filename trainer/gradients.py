@@ -34,6 +34,14 @@ def all_reduce_mean(dist, grads: list[torch.Tensor], world_size: int) -> list[to
     return out
 
 
+def any_rank(dist, flag: bool, device: torch.device) -> bool:
+    """True on every process when it is True on any (one tiny all-reduce): ranks must stop at the same
+    step, or the one that goes on waits in its next all-reduce for a partner that has left."""
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def weights_digest(module: torch.nn.Module) -> str:
     """sha256 over a module's parameters, bit for bit (replicas must agree exactly)."""
     digest = hashlib.sha256()

@@ -23,7 +23,7 @@ from trainer.board import Board
 from trainer.config import TrainConfig
 from trainer.executors import SequentialExecutor, StepResult, ThreadedExecutor
 from trainer.export import weights_checksum
-from trainer.gradients import weights_digest
+from trainer.gradients import any_rank, weights_digest
 from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.setup import Setup, build
 from trainer.steps import prepare, to_device
@@ -164,7 +164,7 @@ class Trainer:
             self._log_eval(first_eval)
         self._looping = True
         try:
-            while self.step_count < cfg.steps and not self.interrupt.is_set():
+            while self.step_count < cfg.steps and not self._stop_requested():
                 self._after_step(self.step())
         finally:
             self._looping = False
@@ -181,6 +181,13 @@ class Trainer:
         final_walk = self.evaluate_walk()
         self._log_walk(final_walk)
         return self.summary(first_eval, final_eval, final_walk)
+
+    def _stop_requested(self) -> bool:
+        """A signal here, or under torchrun in any process: every rank stops after the same step. The
+        executor is idle between steps, so this all-reduce never interleaves with the gradients'."""
+        if self.dist:
+            return any_rank(self.dist, self.interrupt.is_set(), self.setup.device)
+        return self.interrupt.is_set()
 
     def _log_replica_digests(self) -> None:
         digests = {weights_digest(r.drafter) for r in self.setup.replicas}
