@@ -79,11 +79,17 @@ def _rank_pid(launcher_pid: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} under pid {launcher_pid}")
 
 
-def _stop_mid_run(out: Path, *extra: str, launcher: tuple[str, ...] = (), rank: int | None = None):
-    """SIGTERM after three logged steps: to the trainer, or under torchrun to one rank only."""
-    proc = subprocess.Popen([sys.executable, *launcher, "-m", "trainer", "train", "--out", str(out), "--steps",
-                             "100000", "--no-compile", *extra], cwd=PROJECT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+TRAINER = (sys.executable, "-m", "trainer")
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainer")
+# What `--gpus 2` runs (it needs two CUDA devices): the launcher itself, its ranks on CPU with gloo.
+LAUNCHER = (sys.executable, "-c", "import sys; from trainer.launcher import launch; sys.exit(launch(sys.argv[1:], 2))")
+
+
+def _stop_mid_run(out: Path, *extra: str, command: tuple[str, ...] = TRAINER, rank: int | None = None):
+    """SIGTERM after three logged steps: to the command, or to one torchrun rank only."""
+    proc = subprocess.Popen([*command, "train", "--out", str(out), "--steps", "100000", "--no-compile", *extra],
+                            cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if (out / "metrics.jsonl").exists() and sum('"loss"' in line for line in
@@ -118,18 +124,21 @@ def test_sigterm_stops_at_a_step_boundary_and_resume_is_exact(tmp_path, layout):
 
 
 @pytest.mark.slow
-def test_torchrun_ranks_stop_after_the_same_step(tmp_path):
-    """SIGTERM to one rank only: both agree to stop after the same step, so neither waits in an
-    all-reduce for a partner that has left, and rank 0 checkpoints."""
+@pytest.mark.parametrize("command,rank", [(TORCHRUN, 1), (LAUNCHER, None)], ids=["torchrun, one rank", "--gpus"])
+def test_ranks_stop_after_the_same_step(tmp_path, command, rank):
+    """SIGTERM to one torchrun rank only, or to the --gpus launcher (which hands it to every rank): the
+    ranks agree on the step to stop after, so none waits in an all-reduce for a partner that has left,
+    and rank 0 checkpoints exactly the steps it logged."""
     (tmp_path / "small.json").write_text(json.dumps(SMALL))
     out = tmp_path / "run"
-    proc = _stop_mid_run(out, "--config", str(tmp_path / "small.json"), rank=1,
-                         launcher=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"))
+    proc = _stop_mid_run(out, "--config", str(tmp_path / "small.json"), command=command, rank=rank)
     stopped = [line for line in proc.stdout.splitlines() if line.startswith("interrupted at step")]
     assert len(stopped) == 2, proc.stdout + proc.stderr[-3000:]
     assert len({line.split()[3] for line in stopped}) == 1, stopped  # the same step on both ranks
     state = checkpoint.load(out / "checkpoint.pt")
     assert [row["step"] for row in _metrics(out) if "loss" in row] == list(range(1, state["step"] + 1))
+    if command is LAUNCHER:
+        assert proc.returncode == 143, proc.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -72,21 +72,14 @@ def _distributed():
 
 
 def _make_trainer(args, cfg, log):
-    """The single-thread loop, or the threaded pipeline for --gpus, --targets/--drafters or torchrun."""
+    """The sequential loop, or the threaded executor for --targets/--drafters and for each rank of --gpus
+    or torchrun."""
 
     import torch
 
     from trainer.loop import Trainer
 
     dist = _distributed()
-    if args.gpus and args.gpus > 1:
-        if args.targets or args.drafters:
-            raise TrainerInputError("give --gpus or --targets/--drafters, not both")
-        if torch.cuda.device_count() < args.gpus:
-            raise TrainerInputError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} CUDA devices")
-        # Colocated data parallel (a target worker and a drafter replica on every GPU): on two H200s it gave
-        # 1.89x one GPU against 1.61x for target and drafter on separate GPUs (bench/RESULTS.md, issue 15).
-        args.targets = args.drafters = ",".join(f"cuda:{i}" for i in range(args.gpus))
     if not (args.targets or args.drafters or dist):
         return Trainer.sequential(cfg, Path(args.out), device=args.device, resume=args.resume, log=log)
     default = [args.device or ("cuda" if torch.cuda.is_available() else "cpu")]
@@ -107,6 +100,16 @@ def _log_line(message: str) -> None:
 
 def cmd_train(args) -> int:
     cfg = _config(args)
+    if args.gpus and args.gpus > 1 and "WORLD_SIZE" not in os.environ:
+        import torch
+
+        from trainer.launcher import launch, strip_gpus
+
+        if args.targets or args.drafters:
+            raise TrainerInputError("give --gpus or --targets/--drafters, not both")
+        if torch.cuda.device_count() < args.gpus:
+            raise TrainerInputError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} CUDA devices")
+        return launch(strip_gpus(args.argv), args.gpus)
     from trainer.loop import Interrupted
 
     trainer = _make_trainer(args, cfg, _log_line)
@@ -263,9 +266,9 @@ def main(argv=None) -> int:
                        help='chat template kwargs for conversation data, e.g. \'{"enable_thinking": false}\'; '
                             "recorded in the run and the export")
         p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-        p.add_argument("--gpus", type=int, help="use N GPUs in the measured faster layout (colocated: a target "
-                                                 "worker and a drafter replica on each); --targets/--drafters "
-                                                 "choose any other")
+        p.add_argument("--gpus", type=int, help="N GPUs, data parallel: one process per GPU, each a target worker "
+                                                 "and a drafter replica (the layout measured fastest); "
+                                                 "--targets/--drafters choose threads in one process instead")
         p.add_argument("--targets", help="devices of target worker threads, e.g. cuda:0,cuda:1 or cpu")
         p.add_argument("--drafters", help="devices of drafter replica threads, e.g. cuda:2,cuda:3 or cpu,cpu")
         p.add_argument("--strict-compile", action="store_true",
@@ -290,6 +293,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="weights dtype (default: the training dtype)")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # --gpus hands it on to each rank
     try:
         commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
                     "load-cache": cmd_load_cache, "export": cmd_export}
