@@ -264,3 +264,17 @@ def test_tiny_cli_learns_and_writes_metrics(tmp_path):
     assert (out / "checkpoint.pt").exists()
     proc = run_trainer("eval", "--ckpt", str(out / "checkpoint.pt"))
     assert proc.returncode == 0 and json.loads(proc.stdout)["acceptance_length"] == evals[-1]["acceptance_length"]
+
+
+def test_walk_divergence_is_a_near_tie_only_within_rounding_of_the_dtype():
+    from trainer.walk import LosslessError, check_lossless
+
+    logits = torch.zeros(2, 8)
+    logits[0, 3], logits[0, 5] = 20.0, 19.8125  # bf16 at 20: 8 ulps = 0.625, so a 0.19 gap is rounding
+    logits[1, 3], logits[1, 5] = 1.0, 0.5
+    assert check_lossless([3, 3], [3, 3], list(logits), torch.bfloat16)
+    assert not check_lossless([5], [3], [logits[0]], torch.bfloat16)  # a near-tie, counted
+    with pytest.raises(LosslessError, match="diverged"):
+        check_lossless([5], [3], [logits[0]], torch.float32)  # float32 has no such rounding
+    with pytest.raises(LosslessError, match="logit gap 0.5"):
+        check_lossless([5], [3], [logits[1]], torch.bfloat16)  # small logits: only the 0.1 floor

@@ -34,11 +34,12 @@ def all_reduce_mean(dist, grads: list[torch.Tensor], world_size: int) -> list[to
     return out
 
 
-def any_rank(dist, flag: bool, device: torch.device) -> bool:
+def any_rank(dist, flag: bool, group) -> bool:
     """True on every process when it is True on any (one tiny all-reduce): ranks must stop at the same
-    step, or the one that goes on waits in its next all-reduce for a partner that has left."""
-    value = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    step, or the one that goes on waits in its next all-reduce for a partner that has left. `group` is a
+    gloo group: the flag stays on the host, so no wait for the GPUs' queued work."""
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return bool(value.item())
 
 

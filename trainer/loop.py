@@ -65,8 +65,11 @@ class Trainer:
         self._metrics = None
         self._last_row: dict = {}  # the last step's row, for the summary
         self.interrupt = threading.Event()
+        # Every rank makes it, in the same order (collective); the stop flag travels through it.
+        self._flag_group = dist.new_group(backend="gloo") if dist else None
         self._looping = False
         self._started = False
+        self._clock: float | None = None  # when the last step ended (None: no step since a pause)
         if resume:
             self.load_state_dict(checkpoint.load(self.out_dir / CHECKPOINT))
             self.log(f"resumed from {self.out_dir / CHECKPOINT} at step {self.step_count}")
@@ -109,9 +112,12 @@ class Trainer:
         if not self._started:
             self.executor.start(self.step_count)
             self._started = True
-        started = time.perf_counter()
+        # From the end of the previous step: the loop's own work between steps is part of a step's cost
+        # (the threaded executor's target workers run on meanwhile, so next() alone would read fast).
+        started = self._clock if self._clock is not None else time.perf_counter()
         result = self.executor.next()
-        seconds = time.perf_counter() - started
+        self._clock = time.perf_counter()
+        seconds = self._clock - started
         self.step_count = result.step
         if self.first_loss is None:
             self.first_loss = result.loss
@@ -148,8 +154,10 @@ class Trainer:
         if cfg.eval_every and self.step_count % cfg.eval_every == 0 and self.step_count < cfg.steps:
             with self.executor.paused():
                 self._log_eval(self.evaluate())
+            self._clock = None  # an evaluation is no step's cost
         if cfg.ckpt_every and self.step_count % cfg.ckpt_every == 0:
             self.save_checkpoint()
+            self._clock = None
 
     # -- the run ----------------------------------------------------------------------------------
     def train(self) -> dict:
@@ -186,7 +194,7 @@ class Trainer:
         """A signal here, or under torchrun in any process: every rank stops after the same step. The
         executor is idle between steps, so this all-reduce never interleaves with the gradients'."""
         if self.dist:
-            return any_rank(self.dist, self.interrupt.is_set(), self.setup.device)
+            return any_rank(self.dist, self.interrupt.is_set(), self._flag_group)
         return self.interrupt.is_set()
 
     def _log_replica_digests(self) -> None:
