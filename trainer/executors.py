@@ -63,7 +63,7 @@ class SequentialExecutor:
 
     def next(self) -> StepResult:
         replica = self.setup.replica
-        work = prepare_work(self.setup, self.step, 0, self.step)
+        work = prepare_work(self.setup, self.step, self.step)
         loss = forward_backward(replica, work.inputs)
         replica.apply_gradients()
         self.step += 1
@@ -244,8 +244,8 @@ class ThreadedExecutor:
             self._wait_for_room(step)
             self._injected("target", index, step)
             with self.gate.shared():  # a foreign trace must not capture the target's module calls (H2)
-                work = prepare_work(setup, step, replica,
-                                    batch_index(step, replica, replicas, self.rank, self.world_size), target)
+                work = prepare_work(setup, step, batch_index(step, replica, replicas, self.rank, self.world_size),
+                                    target)
             self._put(self.work_queues[replica], work)
 
     def _drafter_worker(self, index: int) -> None:

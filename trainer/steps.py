@@ -17,7 +17,6 @@ from trainer.target import tapped_states
 class Work:
     """One replica's share of a step, prepared on a target's device."""
     step: int
-    replica: int
     inputs: tuple  # tapped, block_ids, anchors, labels, weights, positions, doc_ids
     useful_tokens: int  # not padding
     positions: int  # padding included
@@ -54,13 +53,13 @@ def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=
     return tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"]
 
 
-def prepare_work(setup: Setup, step: int, replica: int, index: int, target_model=None) -> Work:
-    """The batch of data-order position `index`, prepared for `replica` at `step`."""
+def prepare_work(setup: Setup, step: int, index: int, target_model=None) -> Work:
+    """The batch at position `index` of the data order, prepared for `step`."""
     cfg = setup.cfg
     batch = setup.train_data.batch(index, cfg.batch_size, cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed * 7_919 + index)
     inputs = prepare(setup, batch, generator, target_model)
-    return Work(step, replica, inputs, int(batch["lengths"].sum()), int(batch["input_ids"].numel()),
+    return Work(step, inputs, int(batch["lengths"].sum()), int(batch["input_ids"].numel()),
                 int(batch["input_ids"].shape[1]), work_stats(batch, inputs[2]))
 
 
