@@ -75,10 +75,10 @@ class Trainer:
             self.log(f"resumed from {self.out_dir / CHECKPOINT} at step {self.step_count}")
 
     @classmethod
-    def sequential(cls, cfg: TrainConfig, out_dir: str | Path, *, device: str | None = None,
-                   target_device: str | None = None, resume: bool = False, log=print) -> "Trainer":
-        """One target and one drafter replica, stepped in the calling thread."""
-        setup = build(cfg, drafters=[device], targets=[target_device or device], log=log)
+    def sequential(cls, cfg: TrainConfig, out_dir: str | Path, *, device: str | None = None, resume: bool = False,
+                   log=print) -> "Trainer":
+        """One target and one drafter replica on one device, stepped in the calling thread."""
+        setup = build(cfg, drafters=[device], targets=[device], log=log)
         return cls(setup, SequentialExecutor(setup), out_dir, resume=resume, log=log)
 
     @classmethod
