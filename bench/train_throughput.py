@@ -33,6 +33,7 @@ def run_variant(args) -> dict:
 
     from trainer.config import preset
     from trainer.flops import sequence_flops, useful_flops
+    from trainer.launcher import init_distributed
     from trainer.loop import Trainer
 
     attention, compiled = VARIANTS[args.variant]
@@ -56,7 +57,7 @@ def run_variant(args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="envkit-bench-tp-"))
     started = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
-    dist = _distributed()
+    dist = init_distributed()
     if dist:  # under torchrun (--processes): one process per GPU, a target worker and a drafter replica in each
         device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
         trainer = Trainer.threaded(cfg, out, targets=[device], drafters=[device], log=log, dist=dist)
@@ -115,18 +116,6 @@ def run_variant(args) -> dict:
         "setup_s": round(setup_s, 1), "warmup_s": round(warmup_s, 1),
         "flops_per_sequence_tflop": round(sequence_flops(cfg, cfg.data.buckets[-1])["total"] / 1e12, 1),
     }
-
-
-def _distributed():
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    import torch
-    import torch.distributed as dist
-
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist
 
 
 def _version(name: str) -> str | None:

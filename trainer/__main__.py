@@ -57,20 +57,6 @@ def _stop_at_step_boundary(trainer, received: list[int]):
     return handler
 
 
-def _distributed():
-    """torch.distributed under torchrun (gloo on CPU, NCCL on GPU), else None."""
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    import torch
-    import torch.distributed as dist
-
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # NCCL's communicator on this rank's GPU
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist
-
-
 def _make_trainer(args, cfg, log):
     """The sequential loop, or the threaded executor for --targets/--drafters and for each rank of --gpus
     or torchrun."""
@@ -79,7 +65,9 @@ def _make_trainer(args, cfg, log):
 
     from trainer.loop import Trainer
 
-    dist = _distributed()
+    from trainer.launcher import init_distributed
+
+    dist = init_distributed()
     if not (args.targets or args.drafters or dist):
         return Trainer.sequential(cfg, Path(args.out), device=args.device, resume=args.resume, log=log)
     default = [args.device or ("cuda" if torch.cuda.is_available() else "cpu")]
@@ -231,6 +219,7 @@ def cmd_load_cache(args) -> int:
     # digest it verified is checked again here, so bytes changed since then are never loaded.
     if hashlib.sha256(blob).hexdigest() != args.sha256:
         raise TrainerInputError(f"{args.blob} is not the blob envkit verified (sha256 differs); nothing loaded")
+    # Unpickles: only bytes envkit verified (the pinned export, header and artifacts; sha256 just rechecked).
     info = torch.compiler.load_cache_artifacts(blob)
     counts = {kind: len(keys) for kind, keys in info.artifacts.items()} if info is not None else {}
     print(json.dumps({"loaded": bool(counts and any(counts.values())), "artifacts": counts,

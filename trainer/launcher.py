@@ -4,7 +4,8 @@ On two H200s two processes gave 2.0x one GPU where one process driving both GPUs
 1.7x (bench/RESULTS.md): threads share one interpreter lock, and an eager target's forward needs it
 for every kernel launch. The launcher forwards SIGINT and SIGTERM to every rank (they agree on the
 step to stop after, and rank 0 checkpoints), ends the others when one fails, and exits with rank
-0's status, or with the failing rank's.
+0's status, or with the failing rank's. Each rank joins the process group through init_distributed,
+as under torchrun.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ def launch(argv: list[str], processes: int) -> int:
         proc.wait()
     failed = failed or next((p for p in ranks if p.returncode != 0 and not signalled), None)
     return failed.returncode if failed else ranks[0].returncode
+
+
+def init_distributed():
+    """This process's torch.distributed under torchrun or `--gpus` (NCCL on GPUs, gloo on CPU), else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # NCCL's communicator on this rank's GPU
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist
 
 
 def strip_gpus(argv: list[str]) -> list[str]:

@@ -85,7 +85,9 @@ def compile_buckets(setup: Setup, buckets: list[int], progress=None) -> None:
     generator = torch.Generator().manual_seed(0)
     for done, bucket in enumerate(buckets, 1):
         batch = setup.train_data.bucket_batch(bucket, setup.cfg.batch_size)
-        inputs = [prepare(setup, batch, generator, target) for target in setup.targets][0]
+        inputs = prepare(setup, batch, generator, setup.targets[0])
+        for target in setup.targets[1:]:  # each target's attention compiles for its own device
+            prepare(setup, batch, generator, target)
         for replica in setup.replicas:
             forward_backward(replica, inputs)
             replica.optimizer.zero_grad(set_to_none=True)
