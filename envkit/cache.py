@@ -20,13 +20,14 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from envkit import paths
+from envkit import paths, selftest
 from envkit.cachetrust import permission_problem, read_json_file, tree_problems
 from envkit.children import die_with_parent
 from envkit.doctor.findings import Finding, Status
 from envkit.errors import CacheError
 from envkit.installed import installed_versions
 from envkit.trainer_process import run_trainer, trainer_args, trainer_command, trainer_env, trainer_failure
+from envkit.trainer_source import trainer_digest
 from envkit.venv import Venv, write_json_atomic
 
 FINGERPRINT = "fingerprint.json"
@@ -34,15 +35,6 @@ CACHE_SUBDIRS = ("inductor", "triton")
 
 
 # -- env key -------------------------------------------------------------------------------------
-def trainer_digest() -> str:
-    """sha256 over the bundled trainer's sources: a changed model changes the compiled graphs."""
-    digest = hashlib.sha256()
-    root = paths.trainer_root() / "trainer"
-    for source in sorted(root.rglob("*.py")):
-        digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
 def describe(venv: Venv, preset: str | None, config: str | None, extra_args: tuple[str, ...] = ()) -> dict:
     """The trainer's own account of versions, device and the resolved config (preset or file, then the
     trainer's own flags), from the venv's interpreter."""
@@ -201,6 +193,7 @@ class WarmResult:
     files: int
     bytes: int
     seconds: float
+    selftests: dict  # hazard -> passed, as recorded in the venv for this torch and trainer source
 
 
 def _progress_bar(done: int, total: int, bucket: int, seconds: float) -> str:
@@ -255,15 +248,40 @@ def warm(venv: Venv, preset: str | None = None, config: str | None = None, *, qu
     key = env_key(parts)
     cache_dir = compile_root() / key
     ensure_private_dir(cache_dir)
-    with FileLock(str(cache_dir.with_suffix(".lock"))):
+    lock = warm_lock(cache_dir)
+    with lock:
         _check_trusted(cache_dir)
         args = trainer_args(preset, config) + (["--export", str(export)] if export else [])
         final = _stream_warmup(venv, args, trainer_env(venv, cache_dir), quiet)
         # The fingerprint is written last: an interrupted warm-up leaves none, and the next run continues.
         fingerprint = write_fingerprint(cache_dir, parts, final["buckets"], final["counters"], venv)
+        record = prove_mitigations(venv, cache_dir, parts["torch"], lock) or selftest.read(venv)
     size = sum(s for _p, s, _h in fingerprint["files"])
     return WarmResult(str(cache_dir), key, final["buckets"], final["counters"], fingerprint["digest"],
-                      len(fingerprint["files"]), size, round(time.perf_counter() - started, 2))
+                      len(fingerprint["files"]), size, round(time.perf_counter() - started, 2),
+                      selftest.passed_by_hazard(record))
+
+
+def warm_lock(cache_dir: Path) -> FileLock:
+    """The lock that serialises warmers of one env key (HAZARDS.md H6); reentrant for the same object."""
+    return FileLock(str(cache_dir.with_suffix(".lock")))
+
+
+def prove_mitigations(venv: Venv, cache_dir: Path, torch_version: str, lock: FileLock | None = None) -> dict | None:
+    """Run the trainer's hazard self-tests in the venv unless it has a record for this torch and trainer
+    source; returns the new record (None when the existing one is current)."""
+    digest = trainer_digest()
+    if selftest.is_current(venv, torch_version, digest):
+        return None
+    return selftest.prove(venv, cache_dir, lock or warm_lock(cache_dir), digest)
+
+
+def run_selftests(venv: Venv, preset: str | None = None, config: str | None = None) -> dict:
+    """The hazard self-tests alone, in the environment the run's warm-up would have; recorded in the venv."""
+    parts = key_parts(venv, preset, config)
+    cache_dir = compile_root() / env_key(parts)
+    ensure_private_dir(cache_dir)
+    return selftest.prove(venv, cache_dir, warm_lock(cache_dir), trainer_digest())
 
 
 def verify(venv: Venv, preset: str | None = None, config: str | None = None,

@@ -178,13 +178,9 @@ def doctor_command(venv_path, profile_name, lock_path, as_json, strict, deep, ap
     """
     from envkit import doctor
     from envkit.doctor import render
-    from envkit.errors import VenvError
 
     _check_profile_choice(profile_name, lock_path)
-    try:
-        ctx = doctor.load_context(venv_path, profile_name, lock_path, deep=deep, fetch=fetch, find_links=find_links)
-    except VenvError as exc:
-        raise click.UsageError(str(exc)) from None
+    ctx = doctor.load_context(venv_path, profile_name, lock_path, deep=deep, fetch=fetch, find_links=find_links)
     report = doctor.diagnose(ctx)
     if apply_fix:
         before = report
@@ -210,13 +206,9 @@ config_option = click.option("--config", "config_path", type=click.Path(dir_okay
 
 
 def _venv(venv_path, profile_name):
-    from envkit.errors import VenvError
     from envkit.venv import resolve_venv
 
-    try:
-        return resolve_venv(venv_path, profile_name)
-    except VenvError as exc:
-        raise click.UsageError(str(exc)) from None
+    return resolve_venv(venv_path, profile_name)  # a VenvError: `Error: ...`, exit 1
 
 
 def _check_preset_choice(preset, config_path) -> None:
@@ -257,6 +249,33 @@ def warm_cache_command(venv_path, profile_name, preset, config_path, only_verify
                    f"{result.bytes / 1e6:.1f} MB, {result.seconds:.1f}s)")
         click.echo("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(result.counters.items())))
         click.echo(f"fingerprint: {result.fingerprint[:16]}")
+        failed = sorted(h for h, passed in result.selftests.items() if not passed)
+        click.echo(f"hazard self-tests: {len(result.selftests) - len(failed)} of {len(result.selftests)} passed"
+                   + (f"; FAILED: {', '.join(failed)} (`envkit selftest` shows why)" if failed else ""))
+
+
+@main.command("selftest")
+@venv_option
+@profile_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def selftest_command(venv_path, profile_name, as_json):
+    """Prove the trainer's torch hazard mitigations in a venv, and record the result for doctor.
+
+    Each self-test reproduces its hazard (HAZARDS.md) with the mitigation off and shows it gone
+    with the mitigation on, in the venv's own torch, with the environment training runs in.
+    `warm-cache` runs them too. Exit 1 when one fails.
+    """
+    from envkit import cache
+    from envkit.selftest import render
+
+    venv = _venv(venv_path, profile_name)
+    record = cache.run_selftests(venv)
+    if as_json:
+        _print_json(record)
+    else:
+        click.echo(f"hazard self-tests in {venv.path} (torch {record['torch']}, trainer {record['trainer']}):")
+        click.echo(render(record))
+    sys.exit(0 if all(r.get("passed") for r in record["results"].values()) else 1)
 
 
 def render_verification(result) -> str:

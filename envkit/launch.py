@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from envkit import __version__, cache, doctor, paths
+from envkit import __version__, cache, doctor, paths, selftest
 from envkit.doctor.findings import Report, Status
 from envkit.children import die_with_parent
 from envkit.errors import RunError
@@ -29,11 +29,13 @@ from envkit.progress import Phases
 from envkit.rundir import (CONFIG_JSON, LOG, RUN_JSON, check_run_name, now, read_run, read_summary,
                            update_run)
 from envkit.trainer_process import trainer_command, trainer_env
+from envkit.trainer_source import trainer_digest
 from envkit.uvtool import uv_version
 from envkit.venv import Venv, write_json_atomic
 
-# Warnings that `envkit train` itself resolves: it warms a cold cache. (Mitigated hazards are ok findings.)
-HANDLED_WARNINGS = {"cache.fingerprint"}
+# Warnings that `envkit train` itself resolves: it warms a cold cache and runs the hazard self-tests that
+# have not run in this venv yet (a failed self-test is a fail finding, which stops the run).
+HANDLED_WARNINGS = {"cache.fingerprint", "torch.hazard"}
 EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "interrupted", -15: "interrupted"}
 
 
@@ -116,8 +118,22 @@ def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, describe
                            f"`envkit warm-cache --venv {venv.path} --config {config_path}` first, or drop --no-warm")
         with phases.phase("warm-cache", f"cold env key {result.env_key}"):
             cache.warm(venv, None, str(config_path), described=described, quiet=not sys.stderr.isatty())
+    _prove_mitigations(venv, Path(result.cache_dir), described["torch"], phases)
     fingerprint = cache.read_fingerprint(Path(result.cache_dir))
     return Path(result.cache_dir), fingerprint["digest"]
+
+
+def _prove_mitigations(venv: Venv, cache_dir: Path, torch_version: str, phases: Phases) -> None:
+    """The hazard self-tests, when this venv has no record for this torch and trainer; a failure stops the run."""
+    record = selftest.read(venv)
+    if not selftest.is_current(venv, torch_version, trainer_digest()):  # warm-cache ran them, else here
+        with phases.phase("self-test", "hazard mitigations, first time in this venv"):
+            record = cache.prove_mitigations(venv, cache_dir, torch_version)
+    failed = [f"{hazard} ({result.get('detail')})" for hazard, result in (record or {}).get("results", {}).items()
+              if not result.get("passed")]
+    if failed:
+        raise RunError(f"the trainer's hazard mitigations failed their self-tests in {venv.path}: {'; '.join(failed)}; "
+                       f"nothing was started (HAZARDS.md)")
 
 
 def _run_dir(request: TrainRequest, preset: str) -> Path:

@@ -33,11 +33,11 @@ def trainer_args(preset: str | None, config: str | None) -> list[str]:
 
 
 def run_trainer(venv: Venv, args: list[str], env: dict[str, str], *, timeout: float | None = None,
-                error: type[EnvkitError] = CacheError):
-    """Run to completion; a failure becomes `error` with the trainer's own `Error:` line."""
+                error: type[EnvkitError] = CacheError, ok_codes: tuple[int, ...] = (0,)):
+    """Run to completion; an exit code outside `ok_codes` becomes `error` with the trainer's own `Error:` line."""
     proc = subprocess.run(trainer_command(venv, *args), capture_output=True, text=True, env=env,
                           timeout=timeout, preexec_fn=die_with_parent)
-    if proc.returncode != 0:
+    if proc.returncode not in ok_codes:
         raise trainer_failure(venv, args, proc.stderr, error)
     return proc
 

@@ -227,6 +227,19 @@ def cmd_load_cache(args) -> int:
     return 0
 
 
+def cmd_selftest(args) -> int:
+    """Prove each hazard mitigation in this interpreter (what `envkit warm-cache` records for doctor)."""
+    import torch
+
+    from trainer.selftest import run_all
+
+    started = time.perf_counter()
+    results = run_all()
+    print(json.dumps({"torch": str(torch.__version__), "results": results,
+                      "seconds": round(time.perf_counter() - started, 2)}))
+    return 0 if all(result["passed"] for result in results.values()) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -270,6 +283,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("load-cache")  # envkit's `cache import` calls it, after verification
     p.add_argument("blob")
     p.add_argument("--sha256", required=True, help="the digest envkit verified the blob against")
+    sub.add_parser("selftest", help="reproduce each torch hazard with its mitigation off, then prove the "
+                                    "mitigation removes it (JSON; exit 1 when one fails)")
     p = sub.add_parser("eval")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--device")
@@ -285,7 +300,7 @@ def main(argv=None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # --gpus hands it on to each rank
     try:
         commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
-                    "load-cache": cmd_load_cache, "export": cmd_export}
+                    "load-cache": cmd_load_cache, "export": cmd_export, "selftest": cmd_selftest}
         return commands[args.command](args)
     except (TrainerInputError, ValueError, FileNotFoundError) as exc:
         print(f"Error: {exc}", file=sys.stderr)

@@ -140,6 +140,12 @@ def causes(ctx: Context, report: Report, events: list[Event]) -> list[Cause]:
                               fix=finding.fix)
         elif fid == "env.leak":
             cause = cause_for(f"env:{subject}", f"{subject} set in the environment", fix=finding.fix)
+        elif fid == "torch.hazard" and finding.status == Status.WARN:
+            cause = cause_for("selftest", "the trainer's hazard mitigations are not verified in this venv yet",
+                              fix=finding.fix)
+        elif fid == "torch.hazard":
+            cause = cause_for("selftest-failed", "the trainer's hazard mitigations failed their self-tests",
+                              fix=finding.fix)
         elif fid.startswith("cache."):
             cause = cause_for("cache", "the compile cache is untrusted or cold", fix=finding.fix)
         else:

@@ -7,6 +7,7 @@ version table alone: a backport or a patched build shows in the source.
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from typing import Callable
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from envkit import paths
+from envkit import selftest
+from envkit.trainer_source import trainer_digest
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
+from trainer.mitigations import MITIGATIONS
 
 
 def _driver_cuda_version() -> str | None:
@@ -92,8 +95,6 @@ class Hazard:
     id: str
     title: str
     applies: Callable[[Context], bool]
-    mitigation: str  # what the bundled trainer does about it
-    mitigated_by: str  # trainer file that implements it; mitigated only if that file exists
 
 
 def _source_has(relative: str, pattern: str) -> Callable[[Context], bool]:
@@ -114,49 +115,48 @@ def _version_below(bound: str) -> Callable[[Context], bool]:
 
 HAZARDS = (
     Hazard("H1", "FX tracing flag is process-global: a trace in one thread makes compiled calls in others raise "
-           "or run eager", _source_has("fx/_symbolic_trace.py", r"^_is_fx_tracing_flag\s*="),
-           "thread-aware tracing check (trainer/threadsafe.py) installed before anything compiles", "threadsafe.py"),
+           "or run eager", _source_has("fx/_symbolic_trace.py", r"^_is_fx_tracing_flag\s*=")),
     Hazard("H2", "FX patches nn.Module.__call__ process-wide during a symbolic trace: other threads' module calls "
-           "are routed into the foreign tracer", _source_has("fx/_symbolic_trace.py", r'patch_method\(\s*torch\.nn\.Module,\s*"__call__"'),
-           "compile gate: no trace overlaps another thread's forward or backward pass", "threadsafe.py"),
+           "are routed into the foreign tracer",
+           _source_has("fx/_symbolic_trace.py", r'patch_method\(\s*torch\.nn\.Module,\s*"__call__"')),
     Hazard("H3", "dynamo config is thread-local: settings made in the main thread do not apply in workers",
-           _source_has("utils/_config_module.py", r"user_override\s*=\s*ContextVar\("),
-           "dynamo settings re-applied at the start of every worker thread", "threadsafe.py"),
+           _source_has("utils/_config_module.py", r"user_override\s*=\s*ContextVar\(")),
     Hazard("H4", "every new input shape recompiles inside the training step (seconds of stall, triggers H1/H2)",
-           _source_has("_dynamo/config.py", r"^recompile_limit\s*="),
-           "sequences padded to fixed length buckets, each compiled once before training", "buckets.py"),
+           _source_has("_dynamo/config.py", r"^recompile_limit\s*=")),
     Hazard("H5", "the default inductor cache is a shared temp dir loaded with pickle and import",
-           _source_has("_inductor/runtime/cache_dir_utils.py", r"gettempdir\(\)"),
-           "envkit points TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR at a private 0700 dir", "../envkit/cache.py"),
-    Hazard("H6", "concurrent readers may unpickle a half-written cache entry (fixed in 2.11.0)", _version_below("2.11"),
-           "warmers serialise on a file lock", "../envkit/cache.py"),
+           _source_has("_inductor/runtime/cache_dir_utils.py", r"gettempdir\(\)")),
+    Hazard("H6", "concurrent readers may unpickle a half-written cache entry (fixed in 2.11.0)", _version_below("2.11")),
     Hazard("H7", "flex_attention has no backward on CPU",
-           _source_has("nn/attention/flex_attention.py", r"does not support backward on CPU"),
-           "CPU trains through SDPA with a dense mask from the same rule", "masks.py"),
+           _source_has("nn/attention/flex_attention.py", r"does not support backward on CPU")),
     Hazard("H8", "eager flex_attention materialises the full score matrix (a silent fallback costs ~4x and memory)",
-           _source_has("nn/attention/flex_attention.py", r"materializes the full scores matrix"),
-           "compile-health monitor counts eager fallbacks and recompiles in every metrics row", "monitor.py"),
+           _source_has("nn/attention/flex_attention.py", r"materializes the full scores matrix")),
 )
 
 
-def mitigated(hazard_id: str) -> bool:
-    """Whether the bundled trainer ships the mitigation of a hazard."""
-    hazard = next((h for h in HAZARDS if h.id == hazard_id), None)
-    return bool(hazard) and (paths.trainer_root() / "trainer" / hazard.mitigated_by).resolve().exists()
+def _hazard_finding(ctx: Context, hazard: Hazard, record: dict | None, digest: str) -> Finding:
+    """ok only for a mitigation whose self-test passed in this venv, for this torch and this trainer source."""
+    version = ctx.torch_build["version"]
+    verify = f"envkit warm-cache --venv {shlex.quote(str(ctx.venv.path))}"
+    outcome, detail = selftest.status(record, version, digest, hazard.id)
+    head = f"applies to torch {version}: {hazard.title}"
+    mitigation = MITIGATIONS.get(hazard.id)
+    if outcome == "passed":
+        return Finding("torch.hazard", Status.OK, hazard.id,
+                       f"{head}; mitigated: {mitigation.mitigation} (self-test {mitigation.selftest} passed in this "
+                       f"venv: {detail})")
+    if outcome == "failed":
+        return Finding("torch.hazard", Status.FAIL, hazard.id,
+                       f"{head}; NOT mitigated: self-test {mitigation.selftest} failed ({detail})",
+                       f"restore {mitigation.where} (see HAZARDS.md {hazard.id}), then `{verify}`")
+    return Finding("torch.hazard", Status.WARN, hazard.id, f"{head}; mitigation not verified: {detail}",
+                   f"{verify} (runs the trainer's self-tests in this venv)")
 
 
 def check_hazards(ctx: Context) -> list[Finding]:
     if ctx.torch_build is None:
         return [Finding("torch.hazard", Status.OK, "torch", "torch is not installed; no torch hazards")]
-    findings = []
-    for hazard in HAZARDS:
-        if not hazard.applies(ctx):
-            continue
-        handled = mitigated(hazard.id)
-        state = f"mitigated by the bundled trainer: {hazard.mitigation}" if handled else \
-            "NOT mitigated by this envkit's trainer"
-        # Mitigated is ok (the mitigation named), so that --strict fails only on what is not handled.
-        findings.append(Finding("torch.hazard", Status.OK if handled else Status.WARN, hazard.id,
-                                f"applies to torch {ctx.torch_build['version']}: {hazard.title}; {state}",
-                                "" if handled else "avoid threads that compile concurrently; see HAZARDS.md"))
-    return findings or [Finding("torch.hazard", Status.OK, "torch", "no known hazard applies to this torch")]
+    applying = [hazard for hazard in HAZARDS if hazard.applies(ctx)]
+    if not applying:
+        return [Finding("torch.hazard", Status.OK, "torch", "no known hazard applies to this torch")]
+    record, digest = selftest.read(ctx.venv), trainer_digest()
+    return [_hazard_finding(ctx, hazard, record, digest) for hazard in applying]
