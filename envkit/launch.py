@@ -105,7 +105,13 @@ def _preflight_doctor(venv: Venv, request: TrainRequest, phases: Phases):
 
 
 def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, described: dict,
-                     config_path: Path) -> tuple[Path, str]:
+                     config_path: Path) -> tuple[Path, str | None]:
+    if not described["config"].get("compile"):
+        # Nothing is compiled, so nothing to warm or verify; the private dir still keeps torch out of /tmp.
+        cache_dir = cache.compile_root() / cache.env_key(cache.key_parts(venv, None, str(config_path), described))
+        cache.ensure_private_dir(cache_dir)
+        _prove_mitigations(venv, cache_dir, described["torch"], phases)
+        return cache_dir, None
     with phases.phase("cache", "verify"):
         result = cache.verify(venv, None, str(config_path), described)
     if result.tampered:

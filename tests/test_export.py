@@ -258,7 +258,7 @@ def test_chat_template_kwargs_reach_the_data_and_a_rewriting_template_is_named(t
 
     from trainer.config import DataConfig
     from trainer.data import load_jsonl
-    from trainer.target import TrainerInputError
+    from trainer.errors import TrainerInputError
 
     target_dir = make_chat_target(tmp_path / "target")
     tokenizer = AutoTokenizer.from_pretrained(target_dir)

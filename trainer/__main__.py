@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from trainer.config import TrainConfig, resolve
-from trainer.target import TrainerInputError
+from trainer.errors import TrainerInputError
 
 
 def _config(args) -> TrainConfig:
@@ -43,11 +44,13 @@ def _template_kwargs(text: str | None) -> dict | None:
 
 
 class Stop(Exception):
-    """A signal outside any step (or a second one): leave now; there is no half-done step to lose."""
+    """A second signal, or one outside the step loop: leave now, writing no checkpoint (the main thread may be
+    anywhere, even inside an optimizer step, so the state in memory may not be any step's)."""
 
 
 def _stop_at_step_boundary(trainer, received: list[int]):
-    """SIGINT/SIGTERM set the trainer's flag; it stops at the next step boundary and checkpoints there."""
+    """The first SIGINT/SIGTERM sets the trainer's flag: it stops at the next step boundary and checkpoints
+    there. A second one (or one while no step loop runs) raises Stop wherever the main thread is."""
     def handler(signum, frame):
         first = not received
         received.append(signum)
@@ -59,17 +62,24 @@ def _stop_at_step_boundary(trainer, received: list[int]):
 
 def _make_trainer(args, cfg, log):
     """The sequential loop, or the threaded executor for --targets/--drafters and for each rank of --gpus
-    or torchrun."""
+    or torchrun. A flag a layout cannot honour is refused, never ignored."""
 
     import torch
 
+    from trainer.launcher import init_distributed
     from trainer.loop import Trainer
 
-    from trainer.launcher import init_distributed
-
+    if args.device and (args.targets or args.drafters):
+        raise TrainerInputError("give --device or --targets/--drafters (which name every device), not both")
     dist = init_distributed()
     if not (args.targets or args.drafters or dist):
-        return Trainer.sequential(cfg, Path(args.out), device=args.device, resume=args.resume, log=log)
+        if args.no_mitigations:
+            raise TrainerInputError("--no-mitigations switches off the thread-safety mitigations, which only the "
+                                    "threaded layouts use (--targets/--drafters, --gpus); this run has no threads")
+        if args.fail_at:
+            raise TrainerInputError("--fail-at injects a failure into a worker thread; give --targets/--drafters")
+        return Trainer.sequential(cfg, Path(args.out), device=args.device, resume=args.resume, log=log,
+                                  strict_compile=args.strict_compile)
     default = [args.device or ("cuda" if torch.cuda.is_available() else "cpu")]
     if dist and default[0] == "cuda":  # one GPU per process under torchrun
         default = [f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"]
@@ -106,9 +116,14 @@ def cmd_train(args) -> int:
         signal.signal(signum, _stop_at_step_boundary(trainer, received))
     try:
         summary = trainer.train()
-    except (Interrupted, Stop):
+    except Interrupted:
         path = trainer.save_checkpoint()
         print(f"interrupted at step {trainer.step_count}; checkpoint {path}", flush=True)
+        return 143 if received and received[0] == signal.SIGTERM else 130
+    except Stop:
+        kept = Path(args.out) / "checkpoint.pt"
+        print(f"stopped at once by a {'second ' if len(received) > 1 else ''}signal; no checkpoint written"
+              + (f" (the last one, {kept}, is untouched)" if kept.exists() else ""), flush=True)
         return 143 if received and received[0] == signal.SIGTERM else 130
     finally:
         trainer.close()
@@ -159,11 +174,17 @@ def cmd_warmup(args) -> int:
     from trainer.monitor import inductor_cache_counters
 
     cfg = _config(args)
-    cfg.compile = True
-    cfg.data.num_sequences = min(cfg.data.num_sequences, 4 * cfg.batch_size)
-    cfg.data.eval_sequences = 1
+    _refuse_train_only_flags(args, "warmup")
+    if not cfg.compile:
+        raise TrainerInputError("this config has compile off: there is nothing to warm (turn compile on, or run "
+                                "without a warm cache)")
+    # The resolved config stays as it is (the env key was computed from it); only the data the warm-up needs
+    # is smaller, which decides no compiled shape.
+    small = copy.deepcopy(cfg)
+    small.data.num_sequences = min(cfg.data.num_sequences, 4 * cfg.batch_size)
+    small.data.eval_sequences = 1
     started = time.perf_counter()
-    trainer = Trainer.sequential(cfg, Path(args.out), device=args.device, log=lambda m: print(m, file=sys.stderr))
+    trainer = Trainer.sequential(small, Path(args.out), device=args.device, log=lambda m: print(m, file=sys.stderr))
 
     def progress(done, total, bucket):
         print(json.dumps({"progress": done, "total": total, "bucket": bucket,
@@ -175,11 +196,21 @@ def cmd_warmup(args) -> int:
 
         blob = torch.compiler.save_cache_artifacts()
         if blob is None:
-            raise ValueError("torch recorded no cache artifacts to export")
+            raise RuntimeError("torch recorded no cache artifacts to export")
         Path(args.export).write_bytes(blob[0])
     print(json.dumps({"buckets": buckets, "counters": inductor_cache_counters(),
                       "seconds": round(time.perf_counter() - started, 2)}), flush=True)
     return 0
+
+
+TRAIN_ONLY_FLAGS = {"resume": "--resume", "gpus": "--gpus", "targets": "--targets", "drafters": "--drafters",
+                    "strict_compile": "--strict-compile", "no_mitigations": "--no-mitigations", "fail_at": "--fail-at"}
+
+
+def _refuse_train_only_flags(args, command: str) -> None:
+    given = [flag for name, flag in TRAIN_ONLY_FLAGS.items() if getattr(args, name, None)]
+    if given:
+        raise TrainerInputError(f"{', '.join(given)} only apply to `train`, not `{command}`")
 
 
 def cmd_describe(args) -> int:
@@ -302,7 +333,7 @@ def main(argv=None) -> int:
         commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
                     "load-cache": cmd_load_cache, "export": cmd_export, "selftest": cmd_selftest}
         return commands[args.command](args)
-    except (TrainerInputError, ValueError, FileNotFoundError) as exc:
+    except TrainerInputError as exc:  # anything else is a bug or torch's failure: its traceback is kept
         print(f"Error: {exc}", file=sys.stderr)
         return 1
 

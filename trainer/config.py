@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
+
+from trainer.errors import TrainerInputError
 
 
 @dataclass
@@ -89,24 +92,28 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, dict):  # loaded from a checkpoint or a JSON config
                 setattr(self, name, _build(SECTIONS[name], value, name))
+        for where, section in (("", self), ("target.", self.target), ("drafter.", self.drafter), ("data.", self.data)):
+            _check_fields(section, where)
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+            raise TrainerInputError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
         if self.data.source not in ("generate", "random", "chat_lengths"):
-            raise ValueError(f"data.source must be generate, random or chat_lengths, not {self.data.source!r}")
+            raise TrainerInputError(f"data.source must be generate, random or chat_lengths, not {self.data.source!r}")
         if self.drafter.block_size < 2:
-            raise ValueError("drafter.block_size must be at least 2 (an anchor and one predicted token)")
+            raise TrainerInputError("drafter.block_size must be at least 2 (an anchor and one predicted token)")
         if self.num_anchors < 1 or self.batch_size < 1:
-            raise ValueError("num_anchors and batch_size must be positive")
+            raise TrainerInputError("num_anchors and batch_size must be positive")
         if self.attention not in ("auto", "flex", "sdpa"):
-            raise ValueError(f"attention must be auto, flex or sdpa, not {self.attention!r}")
+            raise TrainerInputError(f"attention must be auto, flex or sdpa, not {self.attention!r}")
         if sorted(self.data.buckets) != self.data.buckets or not self.data.buckets:
-            raise ValueError("data.buckets must be a non-empty ascending list of lengths")
+            raise TrainerInputError("data.buckets must be a non-empty ascending list of lengths")
         most = self.data.buckets[-1] - self.drafter.block_size + 1
         if self.num_anchors > most:
-            raise ValueError(f"num_anchors {self.num_anchors} exceeds the {most} anchor positions of the largest "
+            raise TrainerInputError(f"num_anchors {self.num_anchors} exceeds the {most} anchor positions of the largest "
                              f"bucket ({self.data.buckets[-1]} tokens, block {self.drafter.block_size}); lower it")
+        if self.data.length_p90 < self.data.length_median:
+            raise TrainerInputError("data.length_p90 must be at least data.length_median")
         if self.data.buckets[0] < self.drafter.block_size + 1:
-            raise ValueError(f"the smallest bucket ({self.data.buckets[0]}) cannot hold one block of "
+            raise TrainerInputError(f"the smallest bucket ({self.data.buckets[0]}) cannot hold one block of "
                              f"{self.drafter.block_size}")
 
     def compile_key(self) -> dict:
@@ -125,14 +132,55 @@ class TrainConfig:
         return _build(cls, data, "config")
 
 
+POSITIVE = (0, None, True)  # greater than zero
+# Bounds of numeric fields, (low, high[, low excluded]), inclusive unless marked; a value outside is refused where the config is read,
+# not found at step 547 (gamma 0 trains NaN, a negative grad_clip trains uphill, walk_prompts 0 reports 0).
+BOUNDS = {
+    "batch_size": (1, None), "num_anchors": (1, None), "steps": (1, None), "lm_head_chunk": (1, None),
+    "log_every": (1, None), "eval_every": (0, None), "ckpt_every": (0, None), "walk_prompts": (1, None),
+    "walk_new_tokens": (1, None), "lr": POSITIVE, "weight_decay": (0, None), "warmup_frac": (0, 0.999),
+    "grad_clip": POSITIVE, "seed": (0, None),
+    "target.vocab_size": (2, None), "target.hidden_size": (1, None), "target.intermediate_size": (1, None),
+    "target.num_layers": (1, None), "target.num_heads": (1, None), "target.num_kv_heads": (1, None),
+    "target.head_dim": (1, None), "target.rope_theta": POSITIVE, "target.rms_norm_eps": (0, 1.0, True),
+    "target.max_position_embeddings": (1, None), "target.embedding_scale": POSITIVE, "target.mask_token_id": (0, None),
+    "target.seed": (0, None),
+    "drafter.num_layers": (1, None), "drafter.intermediate_size": (1, None), "drafter.gamma": POSITIVE,
+    "data.length_median": (1, None), "data.length_p90": (1, None), "data.num_sequences": (1, None),
+    "data.prompt_len": (1, None), "data.sample_temperature": POSITIVE, "data.ban_recent": (0, None),
+    "data.eval_sequences": (1, None),
+}
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,), "list[int]": (list,)}
+
+
+def _check_fields(section, where: str) -> None:
+    """Every field has its declared type (8.5 is no batch size, "4" no step count) and lies within BOUNDS."""
+    for spec in dataclasses.fields(section):
+        value, name = getattr(section, spec.name), where + spec.name
+        kinds = [k.strip() for k in str(spec.type).split("|")]
+        if value is None and "None" in kinds:
+            continue
+        allowed = tuple(t for k in kinds for t in _TYPES.get(k, (object,)))
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TrainerInputError(f"config {name} must be {' or '.join(kinds)}, not {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TrainerInputError(f"config {name} must be a finite number, not {value!r}")
+        if isinstance(value, list) and not all(isinstance(v, int) and not isinstance(v, bool) and v >= 2 for v in value):
+            raise TrainerInputError(f"config {name} must be a list of whole lengths of at least 2, not {value!r}")
+        low, high, *excluded = BOUNDS.get(name, (None, None))
+        if (low is not None and (value <= low if excluded else value < low)) or (high is not None and value > high):
+            bound = ("greater than" if excluded else "at least") + f" {low}" + (f" and at most {high}" if high else "")
+            raise TrainerInputError(f"config {name} must be {bound}, not {value!r}")
+
+
 def _build(kind, values, where: str):
     """A config dataclass from a dict, naming an unknown key instead of a TypeError."""
     if not isinstance(values, dict):
-        raise ValueError(f"{where} must be a JSON object, not {type(values).__name__}")
+        raise TrainerInputError(f"{where} must be a JSON object, not {type(values).__name__}")
     known = {f.name for f in dataclasses.fields(kind)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown config key {where}.{unknown[0]}" if where != "config" else
+        raise TrainerInputError(f"unknown config key {where}.{unknown[0]}" if where != "config" else
                          f"unknown config key {unknown[0]!r}; known: {', '.join(sorted(known))}")
     return kind(**values)
 
@@ -142,7 +190,7 @@ def _merge(base: dict, override: dict, where: str = "config") -> dict:
     merged = dict(base)
     for key, value in override.items():
         if key not in base:
-            raise ValueError(f"unknown config key {where}.{key}" if where != "config" else
+            raise TrainerInputError(f"unknown config key {where}.{key}" if where != "config" else
                              f"unknown config key {key!r}; known: {', '.join(sorted(base))}")
         merged[key] = _merge(base[key], value, key if where == "config" else f"{where}.{key}") \
             if isinstance(base[key], dict) and isinstance(value, dict) and key in SECTIONS else value
@@ -154,7 +202,7 @@ def resolve(preset_name: str | None = None, file_values: dict | None = None, ove
     given name, else tiny). A partial file ({"preset": "tiny", "steps": 50}) is that preset with its changes."""
     file_values = file_values or {}
     if not isinstance(file_values, dict):
-        raise ValueError(f"a config file must hold a JSON object, not {type(file_values).__name__}")
+        raise TrainerInputError(f"a config file must hold a JSON object, not {type(file_values).__name__}")
     name = file_values.get("preset") or preset_name or "tiny"
     merged = _merge(preset(name).to_dict(), file_values)
     for dotted, value in (overrides or {}).items():
@@ -197,7 +245,7 @@ SECTIONS = {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig
 
 def preset(name: str) -> TrainConfig:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        raise TrainerInputError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
     return PRESETS[name]()
 
 
@@ -207,6 +255,6 @@ def target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[in
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
     if end <= start:
-        raise ValueError(f"a {num_target_layers}-layer target has no room for {num_drafter_layers} tapped layers")
+        raise TrainerInputError(f"a {num_target_layers}-layer target has no room for {num_drafter_layers} tapped layers")
     span = end - start
     return [round(start + i * span / (num_drafter_layers - 1)) for i in range(num_drafter_layers)]

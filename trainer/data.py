@@ -11,7 +11,7 @@ import torch
 
 from trainer.buckets import bucket_for
 from trainer.config import DataConfig
-from trainer.target import TrainerInputError
+from trainer.errors import TrainerInputError
 
 
 @dataclass

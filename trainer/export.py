@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from trainer.config import TrainConfig
-from trainer.target import TrainerInputError
+from trainer.errors import TrainerInputError
 
 EXPORT_MANIFEST = "envkit-export.json"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import random
 import resource
 import threading
@@ -21,6 +22,7 @@ import torch
 from trainer import checkpoint, data as datasets, evaluate, threadsafe, walk
 from trainer.board import Board
 from trainer.config import TrainConfig
+from trainer.errors import NonFiniteLoss
 from trainer.executors import SequentialExecutor, StepResult, ThreadedExecutor
 from trainer.export import weights_checksum
 from trainer.gradients import any_rank, weights_digest
@@ -76,10 +78,11 @@ class Trainer:
 
     @classmethod
     def sequential(cls, cfg: TrainConfig, out_dir: str | Path, *, device: str | None = None, resume: bool = False,
-                   log=print) -> "Trainer":
+                   log=print, strict_compile: bool = False) -> "Trainer":
         """One target and one drafter replica on one device, stepped in the calling thread."""
+        threadsafe.apply_dynamo_settings(strict=strict_compile)  # the recompile limit and a loud nested trace
         setup = build(cfg, drafters=[device], targets=[device], log=log)
-        return cls(setup, SequentialExecutor(setup), out_dir, resume=resume, log=log)
+        return cls(setup, SequentialExecutor(setup), out_dir, resume=resume, log=log, strict_compile=strict_compile)
 
     @classmethod
     def threaded(cls, cfg: TrainConfig, out_dir: str | Path, *, targets: list[str], drafters: list[str],
@@ -119,6 +122,9 @@ class Trainer:
         self._clock = time.perf_counter()
         seconds = self._clock - started
         self.step_count = result.step
+        if not math.isfinite(result.loss):
+            raise NonFiniteLoss(f"the loss is {result.loss} at step {result.step}; the run stops as failed (lower lr, "
+                                f"check drafter.gamma and the data); the last checkpoint is from before it")
         if self.first_loss is None:
             self.first_loss = result.loss
         self.recent_losses = (self.recent_losses + [result.loss])[-self.cfg.log_every:]

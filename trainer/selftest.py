@@ -134,15 +134,15 @@ def private_compile_cache() -> Outcome:
 
     stock = default_cache_dir()
     stock_shared = Path(stock).is_relative_to(tempfile.gettempdir())
-    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not configured:
-        return Outcome(False, stock_shared, f"TORCHINDUCTOR_CACHE_DIR is not set: torch would use {stock}; "
-                                            f"run the self-test through `envkit warm-cache`")
-    private = Path(cache_dir()).parent  # the env key's dir envkit made
+    in_use = Path(cache_dir())  # torch itself sets TORCHINDUCTOR_CACHE_DIR to its default when it is unset
+    if in_use == Path(stock):
+        return Outcome(False, stock_shared, f"torch uses its default cache dir {stock}: run the self-test through "
+                                            f"`envkit warm-cache`, which gives it a private one")
+    private = in_use.parent  # the env key's dir envkit made
     info = private.stat()
-    ok = (Path(cache_dir()) == Path(configured) and info.st_uid == os.getuid()
-          and stat.S_IMODE(info.st_mode) & 0o077 == 0 and bool(os.environ.get("TRITON_CACHE_DIR")))
-    return Outcome(ok, stock_shared, f"default {stock}; in use {cache_dir()} (mode {stat.S_IMODE(info.st_mode):o})")
+    mode = stat.S_IMODE(info.st_mode)
+    ok = info.st_uid == os.getuid() and mode & 0o077 == 0 and bool(os.environ.get("TRITON_CACHE_DIR"))
+    return Outcome(ok, stock_shared, f"default {stock}; in use {in_use} in {private} (mode {mode:o})")
 
 
 def warm_lock_is_held() -> Outcome:

@@ -17,7 +17,8 @@ from trainer import data as datasets
 from trainer.config import TrainConfig, target_layer_ids
 from trainer.model import BACKENDS, build_drafter
 from trainer.replica import Replica
-from trainer.target import TrainerInputError, build_target, sync_config_from_model
+from trainer.errors import TrainerInputError
+from trainer.target import build_target, sync_config_from_model
 
 
 @dataclass

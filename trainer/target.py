@@ -9,10 +9,7 @@ from torch import nn
 
 from trainer import target_attention
 from trainer.config import TargetConfig
-
-
-class TrainerInputError(ValueError):
-    """Bad input to the trainer (paths, data, tokenizer); the message says what to do."""
+from trainer.errors import TrainerInputError
 
 
 def _qwen3_config(cfg: TargetConfig):
