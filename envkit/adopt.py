@@ -14,6 +14,8 @@ from pathlib import Path
 from envkit import __version__, paths, profile as profiles, wheelhouse
 from envkit.doctor.context import Context
 from envkit.doctor.packages import stray_reasons
+from envkit.fsops import atomic_write
+from envkit.installed import invalid_dist_infos
 from envkit.errors import ProfileError
 from envkit.lock import compile_packages
 from envkit.profile import DEFAULT_PLATFORM, Profile
@@ -45,6 +47,11 @@ def adopt(venv_path: str, profile_name: str | None, lock_path: str | None, *, ke
         raise ProfileError(f"{target} exists; choose another --profile/--lock (envkit does not overwrite a lock "
                            f"with one adopted from a venv)")
     ctx = Context(venv, None, {})
+    invalid = invalid_dist_infos(ctx.site_packages)
+    if invalid:  # never dropped in silence: the lock would not be the venv
+        name, why = next(iter(invalid.items()))
+        raise ProfileError(f"{venv.path}: {name} is not a valid distribution ({why}); `envkit doctor` names every "
+                           f"such folder; repair the venv before adopting it")
     strays = {} if keep_strays else stray_reasons(ctx)
     duplicated = sorted(n for n, dists in ctx.by_name.items() if len(dists) > 1)
     if duplicated:
@@ -60,7 +67,5 @@ def adopt(venv_path: str, profile_name: str | None, lock_path: str | None, *, ke
     packages = compile_packages(profile, wheelhouse.find_links(find_links), offline=offline, no_index=no_index)
     profile = dataclasses.replace(profile, packages=packages)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(profiles.render(profile))
-    tmp.replace(target)
+    atomic_write(target, profiles.render(profile))
     return AdoptResult(str(target), len(packages), strays)

@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import tempfile
 from pathlib import Path
 
 _AT_FDCWD = -100
@@ -26,3 +27,22 @@ def exchange(a: Path, b: Path) -> bool:
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), str(b))
+
+
+def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
+    """Readers see the old file or the new one, never half of one: a temp file in the same dir, fsync,
+    rename; the temp file is removed on any failure. `mode` is applied through the umask, as open() would."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, mode & ~umask)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -12,6 +12,7 @@ from packaging.utils import canonicalize_name
 
 from envkit import __version__, profile as profiles, wheelhouse
 from envkit.errors import EnvkitError, ProfileError
+from envkit.fsops import atomic_write
 from envkit.profile import LockedPackage, Profile
 from envkit.uvtool import run_uv, uv_version
 
@@ -104,9 +105,7 @@ def lock(profile_name: str | None, lock_path: str | None, *, find_links: tuple[s
     stamp = f"envkit {__version__} / uv {uv_version()}" if changed else old.generated_by
     new = dataclasses.replace(old, packages=packages, generated_by=stamp)
     if not check and (changed or profiles.render(new) != old.path.read_text()):
-        tmp = old.path.with_name(f".{old.path.name}.tmp")
-        tmp.write_text(profiles.render(new))
-        tmp.replace(old.path)
+        atomic_write(old.path, profiles.render(new))
     return LockResult(old.path, changed, len(packages), *_diff(old, new))
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from envkit.errors import VenvError
+from envkit.fsops import atomic_write
 
 MANIFEST = "envkit.json"
 
@@ -74,20 +73,10 @@ class Venv:
         return self
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON so that readers see the old file or the new one, never half of one."""
+def write_json_atomic(path: Path, data: dict, *, mode: int = 0o600) -> None:
+    """JSON written with atomic_write (readers see the old file or the new one); envkit's records are private."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=mode)
 
 
 def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv:

@@ -164,7 +164,15 @@ def cmd_export(args) -> int:
     """Write the DFlash serving format (config.json, model.safetensors, target/) from a checkpoint."""
     from trainer.export import export
 
-    print(json.dumps(export(Path(args.ckpt), Path(args.out), force=args.force, dtype=args.dtype)))
+    def terminate(signum, frame):
+        raise Stop  # unwinds through export(), which removes its temporary directory
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        print(json.dumps(export(Path(args.ckpt), Path(args.out), force=args.force, dtype=args.dtype)))
+    except Stop:
+        print("Error: export stopped by SIGTERM; nothing was written", file=sys.stderr)
+        return 143
     return 0
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -38,9 +39,10 @@ TOP_NAMES = {"fuse.weight": "fc.weight", "fuse_norm.weight": "hidden_norm.weight
 def serving_name(name: str) -> str:
     if name in TOP_NAMES:
         return TOP_NAMES[name]
-    prefix, index, rest = name.split(".", 2)
-    if prefix != "layers" or rest not in LAYER_NAMES:
-        raise ValueError(f"drafter parameter {name!r} has no DFlash serving name")
+    prefix, index, rest = (name.split(".", 2) + ["", ""])[:3]
+    if prefix != "layers" or not index.isdigit() or rest not in LAYER_NAMES:
+        raise TrainerInputError(f"drafter parameter {name[:80]!r} has no DFlash serving name; the checkpoint is not "
+                                f"a drafter of this trainer")
     return f"layers.{index}.{LAYER_NAMES[rest]}"
 
 
@@ -111,7 +113,7 @@ def _rebuild_target(cfg: TrainConfig, recorded: dict) -> torch.nn.Module:
     return model.to("cpu")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -119,13 +121,30 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _is_export(path: Path) -> bool:
-    """An export envkit made (so --force may replace it): its manifest is there."""
-    return (path / EXPORT_MANIFEST).is_file() and not path.is_symlink()
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _listed_files(out: Path) -> set[str] | None:
+    """The files an export's manifest lists (its own name included), or None when `out` is no export envkit
+    wrote: a manifest that does not parse, or any entry the manifest does not list (a file a user added)."""
+    manifest_path = out / EXPORT_MANIFEST
+    try:
+        if not stat.S_ISREG(manifest_path.lstat().st_mode) or manifest_path.lstat().st_size > 64 << 20:
+            return None
+        manifest = json.loads(manifest_path.read_text())
+        listed = set(manifest["files"]) | {EXPORT_MANIFEST}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    present = set()
+    for directory, dirnames, filenames in os.walk(out):
+        for name in filenames + [d for d in dirnames if (Path(directory) / d).is_symlink()]:
+            present.add(str((Path(directory) / name).relative_to(out)))
+    return listed if present <= listed else None
 
 
 def _place(tmp: Path, out: Path, force: bool) -> None:
-    """Rename the finished export into place; --force swaps out a previous export only."""
+    """Rename the finished export into place; --force swaps out a previous export only, and only when it holds
+    nothing but the files its manifest lists."""
     if not out.exists():
         os.replace(tmp, out)
         return
@@ -133,16 +152,58 @@ def _place(tmp: Path, out: Path, force: bool) -> None:
         out.rmdir()
         os.replace(tmp, out)
         return
-    if not force:
-        raise TrainerInputError(f"{out} exists and is not empty; choose another --out or pass --force to replace "
-                                f"a previous export")
-    if not _is_export(out):
-        raise TrainerInputError(f"{out} is not an export made by envkit (no {EXPORT_MANIFEST}); refusing to replace "
-                                f"it even with --force: choose another --out")
+    check_out(out, force)
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
     os.replace(out, old)
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def check_out(out: Path, force: bool) -> None:
+    """--out before any work: a real path (no link), in an existing dir, empty or (with --force) an export."""
+    if out.is_symlink():
+        raise TrainerInputError(f"--out {out} is a symlink; give the real path of the directory to write")
+    if not out.parent.is_dir():
+        raise TrainerInputError(f"{out.parent} does not exist; create it first or choose another --out")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not force:
+        raise TrainerInputError(f"{out} exists and is not empty; choose another --out or pass --force to replace "
+                                f"a previous export")
+    if not out.is_dir() or _listed_files(out) is None:
+        raise TrainerInputError(f"{out} is not an export made by envkit, or holds files its {EXPORT_MANIFEST} does "
+                                f"not list; refusing to replace it even with --force: choose another --out")
+
+
+def _export_meta(state: dict, dtype: str | None) -> dict:
+    """The checkpoint's export record, checked as data: dtypes by name, the target identity's shape, and a
+    tokenizer that is a local directory (a hub name would make the export reach the network)."""
+    meta = state.get("export") or {}
+    if not isinstance(meta, dict):
+        raise TrainerInputError("the checkpoint's export record is not a mapping; the checkpoint is damaged")
+    weights_dtype = dtype or meta.get("dtype", "float32")
+    if weights_dtype not in DTYPES:
+        raise TrainerInputError(f"the checkpoint's dtype {str(weights_dtype)[:40]!r} is not one of {', '.join(DTYPES)}")
+    target = meta.get("target")
+    if target is not None and not (isinstance(target, dict) and target.get("device_type") in ("cpu", "cuda")
+                                   and target.get("dtype") in DTYPES and isinstance(target.get("checksum"), list)
+                                   and all(isinstance(x, float) for x in target["checksum"])):
+        raise TrainerInputError("the checkpoint's target identity is malformed; the checkpoint is damaged")
+    tokenizer = meta.get("tokenizer")
+    if tokenizer is not None and not (isinstance(tokenizer, str) and Path(tokenizer).is_absolute()
+                                      and Path(tokenizer).is_dir()):
+        raise TrainerInputError(f"the checkpoint's tokenizer {str(tokenizer)[:200]!r} is not a local directory; "
+                                f"export never fetches a tokenizer (copy it beside the export by hand)")
+    template = meta.get("chat_template_kwargs")
+    if template is not None and not isinstance(template, dict):
+        raise TrainerInputError("the checkpoint's chat_template_kwargs is not a mapping; the checkpoint is damaged")
+    return {"dtype": weights_dtype, "target": target, "tokenizer": tokenizer, "chat_template_kwargs": template}
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = None) -> dict:
@@ -152,41 +213,46 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
     from trainer import checkpoint
 
     out = Path(out).absolute()
-    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
-        raise TrainerInputError(f"{out} exists and is not empty; choose another --out or pass --force")
-    if not out.parent.is_dir():
-        raise TrainerInputError(f"{out.parent} does not exist; create it first or choose another --out")
+    check_out(out, force)
     state = checkpoint.load(Path(ckpt))
     cfg = TrainConfig.from_dict(state["config"])
-    meta = state.get("export") or {}
-    weights_dtype = dtype or meta.get("dtype", "float32")
+    meta = _export_meta(state, dtype)
+    if not cfg.target.path and meta["target"] is None:
+        raise TrainerInputError("the checkpoint records no target identity for its random target; it cannot be "
+                                "rebuilt exactly: export a checkpoint this trainer wrote")
+    weights = serving_state_dict(state["drafter"], getattr(torch, meta["dtype"]))
+    expected = set(TOP_NAMES.values()) | {f"layers.{i}.{name}" for i in range(cfg.drafter.num_layers)
+                                          for name in LAYER_NAMES.values()}
+    if set(weights) != expected:
+        odd = sorted(expected ^ set(weights))[0]
+        raise TrainerInputError(f"the checkpoint's drafter weights do not match its config ({odd!r} missing or "
+                                f"extra); the checkpoint is damaged")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        config = drafter_config(cfg, state["layer_ids"], state["mask_token_id"], weights_dtype,
-                                meta.get("chat_template_kwargs"))
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; a serving account must be able to read it
+        config = drafter_config(cfg, state["layer_ids"], state["mask_token_id"], meta["dtype"],
+                                meta["chat_template_kwargs"])
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(serving_state_dict(state["drafter"], getattr(torch, weights_dtype)), str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         target_dir = None
         if not cfg.target.path:
             target_dir = tmp / "target"
             model = _rebuild_target(cfg, meta["target"])
             model.config.architectures = [type(model).__name__]
             model.save_pretrained(target_dir)
-        tokenizer = meta.get("tokenizer")
-        if tokenizer:
+        if meta["tokenizer"]:
             from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(tokenizer).save_pretrained(target_dir or tmp)
+            AutoTokenizer.from_pretrained(meta["tokenizer"], local_files_only=True).save_pretrained(target_dir or tmp)
         manifest = {
             "format": "dflash", "checkpoint": str(Path(ckpt).absolute()), "step": state["step"],
-            "target": "target/" if target_dir else cfg.target.path, "tokenizer": tokenizer,
-            "chat_template_kwargs": meta.get("chat_template_kwargs"), "training_config": cfg.to_dict(),
-            "files": {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
+            "target": "target/" if target_dir else cfg.target.path, "tokenizer": meta["tokenizer"],
+            "chat_template_kwargs": meta["chat_template_kwargs"], "training_config": cfg.to_dict(),
+            "files": {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
         }
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         _place(tmp, out, force)
-    except BaseException:
+    except BaseException:  # SIGTERM too: `python -m trainer export` turns it into an exception
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {**manifest, "out": str(out)}

@@ -21,6 +21,7 @@ __all__ = ["Finding", "Report", "Status", "diagnose", "fix", "load_context"]
 CHECKS = (
     (packages.check_lock, True),
     (packages.check_strays, False),
+    (packages.check_invalid, False),
     (packages.check_duplicates, False),
     (packages.check_requires, False),
     (files.check_modified, False),

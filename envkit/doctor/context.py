@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from envkit.installed import Distribution, installed_distributions
 from envkit.profile import Profile
+from envkit.safeio import UnsafeFile, read_text
 from envkit.venv import Venv
+
+
+RECORD_LIMIT = 64 << 20  # torch's RECORD is about 2 MB
 
 
 @dataclass
@@ -22,6 +28,8 @@ class Context:
     fetch: bool = False  # download a wheel to show a hand edit as a diff
     find_links: tuple = ()  # wheelhouses given on the command line (the configured ones are read too)
     files_checked: int = 0  # set by the RECORD check, for its summary line
+    files_hashed: int = 0  # of those, how many were read (the others' stat matched the doctor index)
+    record_problems: dict = field(default_factory=dict)  # dist-info name -> why its RECORD is unreadable
     _records: dict = field(default_factory=dict, repr=False)  # dist-info path -> RECORD rows
 
     @functools.cached_property
@@ -40,13 +48,14 @@ class Context:
         return grouped
 
     def record_rows(self, dist: Distribution) -> list[list[str]]:
-        """A distribution's RECORD as CSV rows, read once per run ([] when unreadable)."""
+        """A distribution's RECORD as CSV rows, read once per run ([] when unreadable; `record_problems` says why)."""
         if dist.dist_info not in self._records:
             try:
-                with dist.record_path().open(newline="") as handle:
-                    self._records[dist.dist_info] = list(csv.reader(handle))
-            except OSError:
+                text = read_text(dist.record_path(), RECORD_LIMIT)
+                self._records[dist.dist_info] = list(csv.reader(io.StringIO(text, newline="")))
+            except (UnsafeFile, csv.Error) as exc:  # csv.Error: a field over csv's 128 KiB limit, a NUL
                 self._records[dist.dist_info] = []
+                self.record_problems[dist.dist_info.name] = str(exc)
         return self._records[dist.dist_info]
 
     @functools.cached_property
@@ -58,18 +67,18 @@ class Context:
         """torch/version.py read as text: {'version': '2.13.0+cpu', 'cuda': None or '13.0'}."""
         path = self.site_packages / "torch" / "version.py"
         try:
-            text = path.read_text()
-        except OSError:
+            text = read_text(path, 1 << 20)
+        except UnsafeFile:
             return None
         version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
         cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)", text, re.M)
         return {"version": version[1] if version else None, "cuda": cuda[1] if cuda else None}
 
     def fix_command(self) -> str:
-        return f"envkit doctor --fix --venv {self.venv.path}"
+        return f"envkit doctor --fix --venv {shlex.quote(str(self.venv.path))}"
 
     def torch_source(self, relative: str) -> str | None:
         try:
-            return (self.site_packages / "torch" / relative).read_text(errors="replace")
-        except OSError:
+            return read_text(self.site_packages / "torch" / relative, 16 << 20)
+        except UnsafeFile:
             return None

@@ -5,69 +5,128 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import shlex
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from envkit.doctor import statindex
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
+from envkit.safeio import UnsafeFile, open_regular, read_bytes, read_text
 
 # Suffixes checked by default: the files people patch by hand. --deep checks every file.
 SOURCE_SUFFIXES = (".py", ".pth", ".json", ".txt", ".cfg", ".toml")
 # .pth files that venv tools and setuptools install and that do nothing surprising.
 STANDARD_PTH = {"distutils-precedence.pth", "_virtualenv.pth"}
+PTH_LIMIT = 1 << 20
 
 
-def _file_digest(path: Path) -> str | None:
-    digest = hashlib.sha256()
+def _file_digest(path: str) -> tuple[str | None, list[int] | None]:
+    """(RECORD-style digest, stat key) of a regular file, or (None, None) when it is missing, a link, a FIFO
+    or a device: nothing a RECORD lists may hang doctor or point it elsewhere."""
     try:
-        with path.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                digest.update(chunk)
-    except OSError:
-        return None
-    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+        fd, info = open_regular(path)
+    except UnsafeFile:
+        return None, None
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode(), statindex.stat_key(info)
 
 
-def _record_entries(ctx: Context, dist) -> list[tuple[str, Path, str]]:
-    entries = []
+def _inside(relative: str) -> bool:
+    """A RECORD path that stays inside site-packages: relative, no '..' anywhere, no NUL."""
+    if not relative or "\0" in relative or relative.startswith("/"):
+        return False
+    return ".." not in relative.replace("\\", "/").split("/")
+
+
+def _record_entries(ctx: Context, dist) -> list[tuple[str, str, str]]:
+    """(relative path, absolute path, RECORD digest) of the files to check (paths as strings: pathlib costs
+    more than the check itself on torch's ~20,000 rows)."""
+    entries, root = [], str(ctx.site_packages)
     for row in ctx.record_rows(dist):
         if len(row) < 2 or not row[1].startswith("sha256="):
             continue
         relative = row[0]
-        if relative.startswith("..") or os.path.isabs(relative):
-            continue  # scripts outside site-packages are rewritten by the installer
         if not ctx.deep and not relative.endswith(SOURCE_SUFFIXES):
             continue
-        entries.append((relative, ctx.site_packages / relative, row[1]))
+        if not _inside(relative):
+            continue  # scripts outside site-packages are rewritten by the installer
+        entries.append((relative, os.path.join(root, relative), row[1]))
     return entries
 
 
-def modified_files(ctx: Context) -> list[tuple[str, str, bool, str]]:
-    """(distribution, path relative to site-packages, missing?, RECORD digest) for files that differ from RECORD."""
+def _unchanged(index: dict, relative: str, path: str, expected: str) -> bool:
+    """Verified before with this very stat: the content cannot have changed (see statindex)."""
+    known = index.get(relative)
+    if not known or known[4] != expected:
+        return False
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and statindex.stat_key(info) == known[:4]
+
+
+def _state(path: str, actual: str | None) -> str:
+    if actual is not None:
+        return "edited"
+    if not os.path.lexists(path):
+        return "missing"
+    return "unsafe"  # a link, FIFO, socket or device where the RECORD lists a file
+
+
+def modified_files(ctx: Context) -> list[tuple[str, str, str, str]]:
+    """(distribution, path relative to site-packages, edited | missing | unsafe, RECORD digest) for every file
+    that differs from its RECORD."""
     entries = []
     for name, dists in ctx.by_name.items():
         if len(dists) == 1:  # duplicates are reported as such; their RECORDs contradict each other
             entries += [(name, *entry) for entry in _record_entries(ctx, dists[0])]
+    index = {} if ctx.deep else statindex.load(ctx.venv)
+    to_hash = [entry for entry in entries if not _unchanged(index, entry[1], entry[2], entry[3])]
     # hashlib releases the GIL, so threads hash files in parallel.
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        digests = list(pool.map(lambda entry: _file_digest(entry[2]), entries, chunksize=64))
-    ctx.files_checked = len(entries)
-    return [(name, relative, actual is None, expected)
-            for (name, relative, _path, expected), actual in zip(entries, digests) if actual != expected]
+        hashed = list(pool.map(lambda entry: _file_digest(entry[2]), to_hash, chunksize=64))
+    ctx.files_checked, ctx.files_hashed = len(entries), len(to_hash)
+    verified = {relative: known for relative, known in index.items()}
+    changed = []
+    for (name, relative, path, expected), (actual, key) in zip(to_hash, hashed):
+        if actual == expected:
+            verified[relative] = [*key, expected]
+        else:
+            verified.pop(relative, None)
+            changed.append((name, relative, _state(path, actual), expected))
+    if to_hash:
+        listed = {entry[1] for entry in entries}
+        statindex.save(ctx.venv, {r: v for r, v in verified.items() if r in listed})
+    return changed
+
+
+STATES = {"missing": "is missing", "edited": "differs from its RECORD hash (edited by hand?)",
+          "unsafe": "is not a regular file (a link, FIFO or device) where its RECORD lists one; not read"}
 
 
 def check_modified(ctx: Context) -> list[Finding]:
     """files.modified: installed files whose content no longer matches their RECORD hash."""
     findings = []
-    for name, relative, missing, expected in modified_files(ctx):
-        state = "is missing" if missing else "differs from its RECORD hash (edited by hand?)"
-        if not missing and (ctx.site_packages / relative).stat().st_nlink > 1:
-            state += "; it is hard-linked, so uv's cache copy was edited too (--fix cleans that entry)"
-        findings.append(Finding("files.modified", Status.FAIL, relative, f"{relative} of {name} {state}",
-                                ctx.fix_command(), "" if missing else _edit_diff(ctx, name, relative, expected)))
+    for name, relative, state, expected in modified_files(ctx):
+        message = STATES[state]
+        if state == "edited" and (ctx.site_packages / relative).lstat().st_nlink > 1:
+            message += "; it is hard-linked, so uv's cache copy was edited too (--fix cleans that entry)"
+        findings.append(Finding("files.modified", Status.FAIL, relative, f"{relative} of {name} {message}",
+                                ctx.fix_command(), _edit_diff(ctx, name, relative, expected) if state == "edited" else ""))
+    for dist_info, why in ctx.record_problems.items():
+        findings.append(Finding("files.modified", Status.FAIL, f"{dist_info}/RECORD",
+                                f"{dist_info}/RECORD is unreadable ({why}): its files cannot be checked",
+                                ctx.fix_command()))
     scope = "every file" if ctx.deep else "Python sources and text files (--deep: every file)"
+    cached = f", {ctx.files_checked - ctx.files_hashed} unchanged since verified" if not ctx.deep else ""
     return findings or [Finding("files.modified", Status.OK, f"{ctx.files_checked} files",
-                                f"all match their RECORD hashes; checked {scope}")]
+                                f"all match their RECORD hashes; checked {scope}{cached}")]
 
 
 def _edit_diff(ctx: Context, name: str, relative: str, expected: str) -> str:
@@ -79,7 +138,11 @@ def _edit_diff(ctx: Context, name: str, relative: str, expected: str) -> str:
     if shipped is None:
         return (f"no copy of {name} {dist.version} as shipped is on this machine (wheelhouse, uv cache); "
                 f"`envkit doctor --fetch` downloads that wheel to show the edit")
-    return unified_diff(shipped, (ctx.site_packages / relative).read_bytes(), relative)
+    try:
+        edited = read_bytes(ctx.site_packages / relative, 64 << 20)
+    except UnsafeFile as exc:
+        return f"the edited file cannot be shown ({exc})"
+    return unified_diff(shipped, edited, relative)
 
 
 def pth_owners(ctx: Context) -> dict[str, str]:
@@ -102,11 +165,15 @@ def check_pth(ctx: Context) -> list[Finding]:
         owner = owners.get(pth.name)
         if pth.name in STANDARD_PTH or owner in locked:
             continue  # a locked package's own .pth (an editable install, say) is part of the lock
-        lines = [line.strip() for line in pth.read_text(errors="replace").splitlines()]
+        fix = f"rm {shlex.quote(str(pth))}" if not owner else ctx.fix_command()
+        try:
+            lines = [line.strip() for line in read_text(pth, PTH_LIMIT).splitlines()]
+        except UnsafeFile as exc:  # Python would still read it at every start: a link or special file is a fault
+            findings.append(Finding("site.pth", Status.FAIL, pth.name, f"is {exc}; Python reads it at every start", fix))
+            continue
         code = [line for line in lines if line.startswith(("import ", "import\t"))]
         added = [line for line in lines if line and not line.startswith("#") and line not in code]
         origin = f"installed by {owner}" if owner else "not installed by any package"
-        fix = f"rm {pth}" if not owner else ctx.fix_command()
         if code:
             findings.append(Finding("site.pth", Status.FAIL, pth.name,
                                     f"runs code at every start ({origin}): {code[0][:80]}", fix))

