@@ -418,6 +418,7 @@ def supervise_command(run_dir):
 def runs_command(runs_dir, as_json):
     """List runs with status, last step, loss, tokens/s, acceptance length and cache hits."""
     from envkit.runs import list_runs
+    from envkit.text import printable
 
     rows = list_runs(Path(runs_dir) if runs_dir else None)
     if as_json:
@@ -427,7 +428,7 @@ def runs_command(runs_dir, as_json):
     click.echo(f"{'name':32} {'status':12} {'step':>6} {'loss':>8} {'Ktok/s':>7} {'tau':>5} {'hits':>5}")
     for row in rows:
         ktoks = row["tokens_per_s"] / 1000 if row["tokens_per_s"] is not None else None
-        click.echo(f"{row['name']:32} {row['status']:12} {fmt(row['step'], '>6')} {fmt(row['loss'], '>8.4f')} "
+        click.echo(f"{printable(row['name']):32} {printable(row['status']):12} {fmt(row['step'], '>6')} {fmt(row['loss'], '>8.4f')} "
                    f"{fmt(ktoks, '>7.1f')} {fmt(row['acceptance_length'], '>5.2f')} {fmt(row['cache_hits'], '>5')}")
 
 

@@ -62,16 +62,43 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+TEMP_MARKER = "envkit-create-temp"  # written into every temp dir create makes, before anything else
+
+
+def _our_temp(path: Path) -> bool:
+    """A temp dir of an earlier create: a real directory holding create's marker and nothing but its venv."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        return (path / TEMP_MARKER).is_file() and {p.name for p in path.iterdir()} <= {TEMP_MARKER, "venv"}
+    except OSError:
+        return False
+
+
+def _our_venv(path: Path) -> bool:
+    """A venv envkit made (its envkit.json manifest is there and reads as one), not a link."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        return Venv(path).is_venv() and Venv(path).manifest() is not None
+    except VenvError:
+        return False
+
+
 def _recover_interrupted(venv_path: Path) -> None:
     """Clean up after a create that was killed outright; safe because we hold the venv's lock.
 
-    A half-built temp dir is removed. A moved-aside old venv is put back when nothing took its
-    place (killed between the two renames of a swap without renameat2), and removed only once a
-    venv stands at the path.
+    Only what create made is touched: a temp dir holding its marker is removed; a moved-aside venv
+    (`.NAME.old-*` with envkit's manifest) is put back when nothing took its place (killed between the
+    two renames of a swap without renameat2), and removed only once a venv stands at the path. A
+    sibling that merely has such a name is left alone.
     """
     for stale in venv_path.parent.glob(_temp_prefix(venv_path) + "*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        if _our_temp(stale):
+            shutil.rmtree(stale, ignore_errors=True)
     for old in sorted(venv_path.parent.glob(f".{venv_path.name}.old-*")):
+        if not _our_venv(old):
+            continue
         if not venv_path.exists() and not venv_path.is_symlink():
             os.rename(old, venv_path)
         else:
@@ -201,14 +228,15 @@ def create(profile_name: str | None = None, lock_path: str | None = None, venv_p
                 return CreateResult(target, profile.name, profile.lock_digest, "unchanged", len(profile.packages),
                                     round(phases.elapsed, 3))
         links = wheelhouse.find_links(find_links)
-        temp = Venv(Path(tempfile.mkdtemp(prefix=_temp_prefix(target), dir=target.parent)))
+        scratch = Path(tempfile.mkdtemp(prefix=_temp_prefix(target), dir=target.parent))
         try:
-            shutil.rmtree(temp.path)  # uv venv wants to make the directory itself
+            (scratch / TEMP_MARKER).write_text(f"pid {os.getpid()}\n")  # a later create may remove it, nothing else
+            temp = Venv(scratch / "venv")  # uv venv makes the directory itself
             _build(temp, profile, links, phases, offline=offline, no_index=no_index)
             with phases.phase("done", str(target)):
                 write_json_atomic(temp.manifest_path, manifest_for(profile, temp.python_version()))
                 _swap_into_place(temp.path, target)
         finally:
-            shutil.rmtree(temp.path, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
     return CreateResult(target, profile.name, profile.lock_digest, "rebuilt" if existed else "created",
                         len(profile.packages), round(phases.elapsed, 3), phases.timings)

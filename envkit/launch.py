@@ -157,6 +157,7 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
     Describe, warm-up and train all read that one file, so the env key and the compiled shapes are
     those of the run (`-- --batch-size 4` included). Returns the final run.json.
     """
+    _check_trainer_args(request.trainer_args)
     phases = Phases(total=5, quiet=quiet)
     if request.name:  # before minutes of preflight, not after
         _run_dir(request, "")
@@ -196,6 +197,19 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             update_run(run_dir, status=status, ended_at=now(), error=str(exc) or type(exc).__name__)
         raise
+
+
+# Trainer flags that envkit sets itself: given after `--` they would send outputs or config elsewhere while
+# run.json records this run dir.
+RESERVED_TRAINER_FLAGS = {"--out": "the run dir is envkit's (--name, --runs-dir)",
+                          "--config": "give `envkit train --config FILE`", "--preset": "give `envkit train --preset NAME`"}
+
+
+def _check_trainer_args(args: tuple[str, ...]) -> None:
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED_TRAINER_FLAGS:
+            raise RunError(f"`-- {flag}` is set by envkit itself ({RESERVED_TRAINER_FLAGS[flag]}); nothing was started")
 
 
 def tmux_session_name(run_name: str) -> str:

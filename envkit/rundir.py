@@ -6,12 +6,13 @@ describe, warm-up and train read), train.log, metrics.jsonl, summary.json, check
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from envkit.cachetrust import read_json_file
 from envkit.errors import RunError
+from envkit.text import printable
 from envkit.venv import write_json_atomic
 
 RUN_JSON = "run.json"
@@ -40,21 +41,26 @@ def update_run(run_dir: Path, **fields) -> dict:
     return record
 
 
+RECORD_LIMIT = 16 << 20  # a run.json holds a config and a summary: kilobytes
+
+
 def read_run(run_dir: Path) -> dict:
+    """run.json as data: a regular file (a FIFO cannot hang this, a link is not followed), bounded, a JSON object."""
     try:
-        record = json.loads((run_dir / RUN_JSON).read_text())
-    except (OSError, ValueError) as exc:
-        raise RunError(f"{run_dir / RUN_JSON} is unreadable ({exc})") from None
+        record = read_json_file(run_dir / RUN_JSON, limit=RECORD_LIMIT)
+    except ValueError as exc:
+        raise RunError(f"{printable(run_dir / RUN_JSON)} is unreadable ({exc})") from None
     if not isinstance(record, dict):
-        raise RunError(f"{run_dir / RUN_JSON} is not a run record (a JSON object); it was not written by envkit")
+        raise RunError(f"{printable(run_dir / RUN_JSON)} is not a run record (a JSON object); it was not written by "
+                       f"envkit")
     return record
 
 
 def read_summary(run_dir: Path) -> dict | None:
     """The trainer's summary.json (results are files, not lines in a log)."""
     try:
-        summary = json.loads((run_dir / SUMMARY_JSON).read_text())
-    except (OSError, ValueError):
+        summary = read_json_file(run_dir / SUMMARY_JSON, limit=RECORD_LIMIT)
+    except ValueError:
         return None
     return summary if isinstance(summary, dict) else None
 

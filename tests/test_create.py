@@ -119,7 +119,7 @@ def _start_rebuild_and_kill_when_installing(tmp_path, lock, venv, wheelhouse, si
                             env=dict(os.environ, UV_CACHE_DIR=str(tmp_path / "cold-uv-cache")))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if list(tmp_path.glob(f".{venv.name}.tmp-*/lib/python3*/site-packages")):
+        if list(tmp_path.glob(f".{venv.name}.tmp-*/venv/lib/python3*/site-packages")):
             break
         time.sleep(0.001)
     else:

@@ -280,12 +280,12 @@ def cmd_selftest(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     # One flag set for train, warmup and describe, so that envkit hands a run's arguments to each; flags that
     # do not decide the config (devices, threads) only matter to train.
     for name in ("train", "warmup", "describe"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, allow_abbrev=False)
         p.add_argument("--preset", help="tiny (default) | qwen3_8b")
         p.add_argument("--config", help="a JSON config: a full one (a run's config.json), or a preset's changes "
                                         "({\"preset\": \"tiny\", \"steps\": 50}); flags override it")

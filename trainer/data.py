@@ -148,7 +148,7 @@ def _conversation_tokens(tokenizer, messages: list[dict], template_kwargs: dict 
         prefix = tokenizer.apply_chat_template(messages[: i + 1], tokenize=True, **(template_kwargs or {}))
         prefix = list(prefix if isinstance(prefix, list) else prefix["input_ids"])  # v5 returns a BatchEncoding
         if prefix[: len(ids)] != ids:
-            raise ValueError(f"the chat template renders turn {i + 1} so that the earlier turns change (rendered "
+            raise TrainerInputError(f"the chat template renders turn {i + 1} so that the earlier turns change (rendered "
                              f"prefixes must extend each other); fix the conversation or the template kwargs")
         new = prefix[len(ids):]
         ids += new
@@ -156,32 +156,53 @@ def _conversation_tokens(tokenizer, messages: list[dict], template_kwargs: dict 
     return Sequence(ids, mask)
 
 
-def load_jsonl(path: str, cfg: DataConfig, block_size: int, tokenizer=None) -> Dataset:
+def _token_ids(values, vocab_size: int | None, what: str) -> list[int]:
+    """Whole numbers in [0, vocab): an id outside the vocabulary would crash a step (a device assert on CUDA)
+    at whatever step first draws it; here it is the line's error."""
+    if not isinstance(values, list):
+        raise ValueError(f"{what} must be a list")
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{what} holds {value!r:.40}, not a token id")
+        if value < 0 or (vocab_size is not None and value >= vocab_size):
+            raise ValueError(f"token id {value} is outside the vocabulary (0..{(vocab_size or 1) - 1})")
+    return values
+
+
+def _row(line: bytes, cfg: DataConfig, vocab_size: int | None, tokenizer) -> Sequence:
+    row = json.loads(line.decode("utf-8"))  # UnicodeDecodeError is a ValueError: the line's error
+    if not isinstance(row, dict):
+        raise ValueError("expected a JSON object")
+    if "input_ids" in row:
+        ids = _token_ids(row["input_ids"], vocab_size, "input_ids")
+        mask = row.get("loss_mask", [1] * len(ids))
+        if not isinstance(mask, list) or len(mask) != len(ids):
+            raise ValueError("loss_mask and input_ids differ in length")
+        return Sequence(ids, [int(bool(m)) for m in mask])
+    if "conversations" in row:
+        if tokenizer is None:
+            raise TrainerInputError("conversation data needs a tokenizer; give --tokenizer PATH or --target PATH")
+        seq = _conversation_tokens(tokenizer, row["conversations"], cfg.chat_template_kwargs)
+        _token_ids(seq.input_ids, vocab_size, "the tokenized conversation")
+        return seq
+    raise ValueError("expected `input_ids` or `conversations`")
+
+
+def load_jsonl(path: str, cfg: DataConfig, block_size: int, tokenizer=None, vocab_size: int | None = None) -> Dataset:
+    """Every line checked where it is read (JSON, UTF-8, token ids within the vocabulary); a bad line names its
+    file and line, or with --skip-bad is counted and skipped."""
     file = Path(path)
     if not file.is_file():
-        raise TrainerInputError(f"data file {path} does not exist")
+        raise TrainerInputError(f"data file {path} does not exist or is not a regular file")
     raw, bad = [], 0
-    with file.open() as handle:
+    with file.open("rb") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                if "input_ids" in row:
-                    ids = [int(t) for t in row["input_ids"]]
-                    mask = [int(bool(m)) for m in row.get("loss_mask", [1] * len(ids))]
-                    if len(mask) != len(ids):
-                        raise ValueError("loss_mask and input_ids differ in length")
-                    raw.append(Sequence(ids, mask))
-                elif "conversations" in row:
-                    if tokenizer is None:
-                        raise TrainerInputError(f"{path}:{lineno}: conversation data needs a tokenizer; give "
-                                                f"--tokenizer PATH or --target PATH")
-                    raw.append(_conversation_tokens(tokenizer, row["conversations"], cfg.chat_template_kwargs))
-                else:
-                    raise ValueError("expected `input_ids` or `conversations`")
-            except TrainerInputError:
-                raise
+                raw.append(_row(line, cfg, vocab_size, tokenizer))
+            except TrainerInputError as exc:
+                raise TrainerInputError(f"{path}:{lineno}: {exc}") from None
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 if not cfg.skip_bad:
                     raise TrainerInputError(f"{path}:{lineno}: malformed line ({exc}); fix it or pass --skip-bad")

@@ -139,7 +139,7 @@ def build_datasets(cfg: TrainConfig, tokenizer, target: nn.Module, mask_token_id
     """Training rows (packed unless --no-packing) and held-out sequences (one a row: tau reads them alone)."""
     block = cfg.drafter.block_size
     if cfg.data.path:
-        train = datasets.load_jsonl(cfg.data.path, cfg.data, block, tokenizer)
+        train = datasets.load_jsonl(cfg.data.path, cfg.data, block, tokenizer, vocab_size=cfg.target.vocab_size)
         # Hold out the last few sequences for tau.
         held = max(1, min(cfg.data.eval_sequences, len(train.sequences) // 10))
         eval_data = datasets.Dataset(train.sequences[-held:], cfg.data.buckets)
