@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -324,7 +325,7 @@ def _closest_key_difference(parts: dict, venv: Venv) -> dict:
 # -- doctor --------------------------------------------------------------------------------------
 def doctor_findings(venv: Venv) -> list[Finding]:
     """cache.fingerprint, read from outside (no torch import): fingerprints this venv made, re-hashed."""
-    fix = f"envkit warm-cache --venv {venv.path}"
+    fix = f"envkit warm-cache --venv {shlex.quote(str(venv.path))}"
     # A corrupted fingerprint names no venv for sure: it is this venv's only if its bytes name this venv
     # (an unrelated broken cache must not fail every venv's doctor; `envkit cache ls` shows it).
     mine = [(d, f) for d, f in _fingerprints()

@@ -121,7 +121,7 @@ def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, describe
     if not result.fingerprinted:
         if request.no_warm:
             raise RunError(f"the compile cache for this run's config is cold (env key {result.env_key}); run "
-                           f"`envkit warm-cache --venv {venv.path} --config {config_path}` first, or drop --no-warm")
+                           f"`envkit warm-cache --venv {shlex.quote(str(venv.path))} --config {shlex.quote(str(config_path))}` first, or drop --no-warm")
         with phases.phase("warm-cache", f"cold env key {result.env_key}"):
             cache.warm(venv, None, str(config_path), described=described, quiet=not sys.stderr.isatty())
     _prove_mitigations(venv, Path(result.cache_dir), described["torch"], phases)

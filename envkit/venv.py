@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,7 @@ class Venv:
             text = (self.path / "pyvenv.cfg").read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise VenvError(f"{self.path / 'pyvenv.cfg'} is not UTF-8 text: the venv is damaged; rebuild it with "
-                            f"`envkit create --force --venv {self.path}`") from None
+                            f"`envkit create --force --venv {shlex.quote(str(self.path))}`") from None
         except OSError as exc:
             raise VenvError(f"{self.path / 'pyvenv.cfg'} is unreadable ({exc.strerror})") from None
         values = {}
@@ -64,7 +65,7 @@ class Venv:
         if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), (str, type(None)))
                                                      for k in ("profile", "lock_digest", "python")):
             raise VenvError(f"{self.manifest_path} is not an envkit manifest (a JSON object with profile, lock_digest "
-                            f"and python); rebuild with `envkit create --force --venv {self.path}`")
+                            f"and python); rebuild with `envkit create --force --venv {shlex.quote(str(self.path))}`")
         return manifest
 
     def require(self) -> "Venv":
@@ -87,5 +88,5 @@ def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv
     venv = Venv(path.expanduser().absolute())
     if not venv.path.exists():
         raise VenvError(f"{venv.path} does not exist; create it with `envkit create --profile {profile_name or paths.DEFAULT_PROFILE}`"
-                        + (f" --venv {venv_path}" if venv_path else ""))
+                        + (f" --venv {shlex.quote(str(venv_path))}" if venv_path else ""))
     return venv.require()

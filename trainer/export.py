@@ -200,10 +200,15 @@ def _export_meta(state: dict, dtype: str | None) -> dict:
     return {"dtype": weights_dtype, "target": target, "tokenizer": tokenizer, "chat_template_kwargs": template}
 
 
-def _umask() -> int:
+def _follow_umask(root: Path) -> None:
+    """Modes as a plain write would give them: mkdtemp makes 0700 and safetensors writes 0600, so without
+    this a serving account could not read the export."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    os.chmod(root, 0o777 & ~mask)
+    for path in root.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = None) -> dict:
@@ -229,7 +234,6 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
                                 f"extra); the checkpoint is damaged")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; a serving account must be able to read it
         config = drafter_config(cfg, state["layer_ids"], state["mask_token_id"], meta["dtype"],
                                 meta["chat_template_kwargs"])
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -251,6 +255,7 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
             "files": {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
         }
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        _follow_umask(tmp)
         _place(tmp, out, force)
     except BaseException:  # SIGTERM too: `python -m trainer export` turns it into an exception
         shutil.rmtree(tmp, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+import shlex
 from pathlib import Path
 
 from envkit.doctor.context import Context
@@ -50,7 +51,7 @@ def check_env(ctx: Context) -> list[Finding]:
     if system_site:
         findings.append(Finding("env.leak", Status.FAIL, "include-system-site-packages",
                                 "pyvenv.cfg lets the system's and the user's site-packages into the venv",
-                                f"envkit create --force --venv {ctx.venv.path}"))
+                                f"envkit create --force --venv {shlex.quote(str(ctx.venv.path))}"))
     if env.get("PYTHONUSERBASE") and system_site:
         findings.append(Finding("env.leak", Status.WARN, "PYTHONUSERBASE",
                                 f"={env['PYTHONUSERBASE']}: a user site that this venv reads", "unset PYTHONUSERBASE"))
