@@ -14,7 +14,10 @@ from pathlib import Path
 
 
 def _pip_config_files() -> list[Path]:
-    """pip's configuration files in pip's own order (global, user, site, then PIP_CONFIG_FILE)."""
+    """pip's configuration files in pip's own order (global, user, site, then PIP_CONFIG_FILE); none at all when
+    PIP_CONFIG_FILE is os.devnull, as pip itself reads it."""
+    if os.environ.get("PIP_CONFIG_FILE") == os.devnull:
+        return []
     xdg_dirs = os.environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(os.pathsep)
     xdg_home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
     files = [Path(d) / "pip" / "pip.conf" for d in xdg_dirs if d]

@@ -66,14 +66,21 @@ def test_tampering_is_named_by_verify_and_doctor(cpu_venv, warm_cache_root, tmp_
     assert refused.returncode == 1 and "cannot be trusted" in refused.stderr
 
 
-def test_concurrent_warmers_serialise(cpu_venv, warm_cache_root, tmp_path):
-    root = copy_root(warm_cache_root, tmp_path / "root")
-    procs = [subprocess.Popen([sys.executable, "-m", "envkit", "warm-cache", "--venv", str(cpu_venv), "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cache_env(root))
+def test_concurrent_warmers_serialise(cpu_venv, tmp_path):
+    """Two warmers of one cold cache: the lock makes the second wait, so it only hits what the first compiled.
+    Without the lock both would compile (both miss), and this fails."""
+    root = tmp_path / "cold-root"
+    config = tmp_path / "one-bucket.json"
+    config.write_text(json.dumps({"preset": "tiny", "data": {"buckets": [64]}}))  # one bucket: half the compile
+    command = [sys.executable, "-m", "envkit", "warm-cache", "--venv", str(cpu_venv), "--config", str(config), "--json"]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cache_env(root))
              for _ in range(2)]
-    outputs = [p.communicate(timeout=600) for p in procs]
+    outputs = [p.communicate(timeout=900) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    assert run_envkit("warm-cache", "--venv", str(cpu_venv), "--verify", env=cache_env(root)).returncode == 0
+    misses = sorted(json.loads(out)["counters"]["fxgraph_cache_miss"] for out, _err in outputs)
+    assert misses[0] == 0 and misses[1] > 0, misses  # one compiled, the other waited and hit
+    verify = [*command[:-1], "--verify"]
+    assert subprocess.run(verify, env=cache_env(root), capture_output=True).returncode == 0
 
 
 def test_refuses_a_cache_dir_others_can_write(cpu_venv, tmp_path):

@@ -166,11 +166,10 @@ def test_malformed_exports_are_errors(cpu_venv, tmp_path):
 
 
 def test_export_into_a_missing_dir_fails_before_warming(cpu_venv, tmp_path):
-    started = time.monotonic()
     proc = run_envkit("cache", "export", str(tmp_path / "missing" / "x"), "--venv", str(cpu_venv),
                       env=cache_env(tmp_path / "cold-root"))
     assert proc.returncode == 1 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
-    assert time.monotonic() - started < 30 and not (tmp_path / "cold-root" / "compile").exists()
+    assert not (tmp_path / "cold-root" / "compile").exists()  # refused before any warming
 
 
 def test_links_and_special_files_are_never_trusted(cpu_venv, warm_cache_root, tmp_path):

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from wheels import build_wheel
 def doctor_wheelhouse(wheelhouse) -> Path:
     build_wheel(wheelhouse, "ekt-delta", "1.0")
     build_wheel(wheelhouse, "ekt-epsilon", "1.0", requires=("ekt-delta==1.0",))
+    build_wheel(wheelhouse, "ekt-zeta", "1.0")
     return wheelhouse
 
 
@@ -145,11 +147,24 @@ def test_real_cpu_venv_reports_torch_hazards(cpu_venv):
     assert code == 0, failing(report)
 
 
+def created_an_hour_ago(venv: Path) -> None:
+    """What follows happens after the create, as it would days later: the venv's record and dist-infos are dated
+    an hour back (instead of sleeping past the create's slack)."""
+    earlier = time.time() - 3600
+    manifest = json.loads((venv / "envkit.json").read_text())
+    manifest["created_at"] = datetime.fromtimestamp(earlier, timezone.utc).isoformat(timespec="seconds")
+    (venv / "envkit.json").write_text(json.dumps(manifest))
+    for dist_info in site_packages(venv).glob("*.dist-info"):
+        os.utime(dist_info, (earlier, earlier))
+
+
 def test_the_story_groups_every_finding_under_its_cause(clean_venv, doctor_wheelhouse, tmp_path):
-    time.sleep(2.5)  # what follows happens after the create, as it would days later
+    created_an_hour_ago(clean_venv)
     env = pollute(clean_venv, doctor_wheelhouse, tmp_path)
     # One more stray, by pip this time, so that installers differ.
-    subprocess.run([str(clean_venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(clean_venv / "bin" / "python"), "install", "-q",
+                    "--no-index", "--find-links", str(doctor_wheelhouse), "ekt-zeta==1.0"], check=True,
+                   capture_output=True)
     code, report = doctor_json(clean_venv, env=env)
     bad = [i for i, f in enumerate(report["findings"]) if f["status"] != "ok"]
     covered = sorted(i for cause in report["causes"] for i in cause["findings"])
@@ -161,8 +176,10 @@ def test_the_story_groups_every_finding_under_its_cause(clean_venv, doctor_wheel
         assert needle in summaries, (needle, summaries)
     [stray] = [c for c in report["causes"] if c["id"] == "package:sglang"]
     assert stray["installer"] == "uv" and stray["when"]
+    [by_pip] = [c for c in report["causes"] if c["id"] == "package:ekt-zeta"]
+    assert by_pip["installer"] == "pip" and "ekt-zeta 1.0 installed" in by_pip["summary"]
     history = [e for e in report["history"] if e["action"] in ("installed", "replaced")]
-    assert [e["subject"] for e in history] == ["sglang", "ekt-beta"]  # in the order they happened
+    assert [e["subject"] for e in history] == ["sglang", "ekt-beta", "ekt-zeta"]  # in the order they happened
     text = run_envkit("doctor", "--venv", str(clean_venv), env=env).stdout
     assert len(text.splitlines()) <= 40 and "what happened" in text and text.count("envkit doctor --fix") == 1
     unfolded = run_envkit("doctor", "--venv", str(clean_venv), "-v", env=env).stdout
@@ -175,9 +192,13 @@ def test_a_hand_edit_shows_as_a_diff_against_the_shipped_wheel(clean_venv, docto
     init = site_packages(clean_venv) / "ekt_alpha" / "__init__.py"
     init.unlink()  # a new inode: uv's cached copy stays as shipped (an in-place edit would change both)
     init.write_text("VERSION = '1.0'\nHOTFIX = True  # appended by hand\n")
-    _, report = doctor_json(clean_venv)
+    _, report = doctor_json(clean_venv)  # uv's cache still holds the file as shipped (a new inode above)
     [edit] = [f for f in report["findings"] if f["id"] == "files.modified"]
-    assert "envkit doctor --fetch" in edit["detail"] or "+HOTFIX = True" in edit["detail"]
+    assert "+HOTFIX = True  # appended by hand" in edit["detail"]
+    shutil.rmtree(tmp_path / "uv-cache")  # no copy as shipped left on this machine: doctor says how to get one
+    _, report = doctor_json(clean_venv, env=dict(os.environ, PIP_FIND_LINKS="", PIP_CONFIG_FILE=os.devnull))
+    [edit] = [f for f in report["findings"] if f["id"] == "files.modified"]
+    assert "envkit doctor --fetch" in edit["detail"] and "+HOTFIX" not in edit["detail"]
     _, report = doctor_json(clean_venv, "--find-links", str(doctor_wheelhouse))  # the wheel is on this machine
     [edit] = [f for f in report["findings"] if f["id"] == "files.modified"]
     assert "+HOTFIX = True  # appended by hand" in edit["detail"] and "(as shipped)" in edit["detail"]

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -163,12 +162,11 @@ def test_run_json_of_the_wrong_shape_and_bad_run_names(tmp_path):
     run_dir = tmp_path / "runs" / "listy"
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text("[]")
-    assert run_json("runs") == []
+    assert [(r["name"], r["status"]) for r in run_json("runs")] == [("listy", "invalid")]
     assert_clean_error(run_envkit("logs", "listy"), "not a run record")
-    started = time.monotonic()
     proc = run_envkit("train", "--name", "x" * 300, "--venv", str(tmp_path / "nowhere"))
     assert_clean_error(proc, "run name")
-    assert time.monotonic() - started < 20 and not (tmp_path / "nowhere").exists()  # before any preflight
+    assert not (tmp_path / "nowhere").exists()  # refused before any preflight
 
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux names are only sanitised where tmux is installed")

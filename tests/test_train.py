@@ -100,6 +100,6 @@ def test_sigterm_marks_the_run_and_leaves_a_loadable_checkpoint(cpu_venv, train_
     record = json.loads((tmp_path / "runs" / "term" / "run.json").read_text())
     assert record["status"] == "interrupted" and record["exit_code"] == 143
     check = subprocess.run([str(cpu_venv / "bin" / "python"), "-c",
-                            "import sys, torch; s = torch.load(sys.argv[1], weights_only=False); print(s['step'])",
+                            "import sys, torch; s = torch.load(sys.argv[1], weights_only=True); print(s['step'])",
                             str(tmp_path / "runs" / "term" / "checkpoint.pt")], capture_output=True, text=True)
     assert check.returncode == 0 and int(check.stdout) >= 1

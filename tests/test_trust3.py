@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -178,7 +176,6 @@ def test_export_follows_the_umask_refuses_a_linked_out_and_cleans_up_on_sigterm(
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in out.rglob("*") if p.is_file())
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "elsewhere")
-    started = time.monotonic()
     proc = trainer_cmd("export", "--ckpt", str(checkpoint_path), "--out", str(link))
     assert "symlink" in one_line_error(proc) and not (tmp_path / "elsewhere").exists()
     # SIGTERM once the export is under way: its temporary directory goes with it.
@@ -189,8 +186,8 @@ def test_export_follows_the_umask_refuses_a_linked_out_and_cleans_up_on_sigterm(
         time.sleep(0.01)
     slow.send_signal(signal.SIGTERM)
     slow.wait(timeout=120)
+    assert slow.returncode == 143, slow.stderr.read()[-2000:]
     assert not list(tmp_path.glob(".killed.tmp-*")) and not (tmp_path / "killed").exists()
-    assert time.monotonic() - started < 600
 
 
 def test_create_leaves_siblings_it_did_not_make(tmp_path, test_lock, wheelhouse):
@@ -215,7 +212,7 @@ def test_doctor_never_opens_a_fifo_or_a_device_and_stays_inside_site_packages(tm
     outside = tmp_path / "outside.py"
     outside.write_text("secret")
     fake_dist_info(venv, "hang-1.0.dist-info", "Metadata-Version: 2.1\nName: hang\nVersion: 1.0\n",
-                   record=f"hang.py,sha256=AAAA,1\nsub/../../../../outside.py,sha256=AAAA,6\n")
+                   record="hang.py,sha256=AAAA,1\nsub/../../../../outside.py,sha256=AAAA,6\n")
     proc = subprocess.run([sys.executable, "-m", "envkit", "doctor", "--venv", str(venv), "--json"],
                           capture_output=True, text=True, timeout=120)
     report = json.loads(proc.stdout)
@@ -227,7 +224,7 @@ def test_doctor_never_opens_a_fifo_or_a_device_and_stays_inside_site_packages(tm
     proc = subprocess.run([sys.executable, "-m", "envkit", "doctor", "--venv", str(venv)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "RECORD is unreadable" in proc.stdout + proc.stderr or "RECORD" in proc.stdout
+    assert "hang-1.0.dist-info/RECORD is unreadable" in proc.stdout
 
 
 def test_runs_lists_every_run_around_an_odd_or_hanging_run_json(tmp_path):

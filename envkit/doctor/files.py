@@ -8,7 +8,6 @@ import os
 import shlex
 import stat
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from envkit.doctor import statindex
 from envkit.doctor.context import Context
