@@ -164,7 +164,8 @@ def create_command(profile_name, lock_path, venv_path, find_links, offline, no_i
 @click.option("--fix", "apply_fix", is_flag=True, help="Re-sync the venv to its lock, then check again.")
 @click.option("-v", "--verbose", is_flag=True, help="List every finding under its cause (and the ok ones).")
 @click.option("--history", "show_history", is_flag=True,
-              help="What was installed, replaced, removed or edited since envkit made the venv, in time order.")
+              help="What was installed, replaced or removed since envkit made the venv, oldest first, with the installer "
+                   "(hand edits of files are in the report itself, with their diff).")
 @click.option("--fetch", is_flag=True,
               help="Download the wheel of an edited package (exactly its version) to show the edit as a diff.")
 @with_sources
