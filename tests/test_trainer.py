@@ -279,3 +279,20 @@ def test_walk_divergence_is_a_near_tie_only_within_rounding_of_the_dtype():
         check_lossless([5], [3], [logits[0]], torch.float32)  # float32 has no such rounding
     with pytest.raises(LosslessError, match="logit gap 0.5"):
         check_lossless([5], [3], [logits[1]], torch.bfloat16)  # small logits: only the 0.1 floor
+
+
+def test_the_target_stops_at_its_last_tapped_layer_with_the_same_states():
+    """Layers past the last tap feed nothing: the view runs fewer layers and gives the full model's states."""
+    from trainer.target import build_target, tapped_states, up_to_layer
+
+    cfg = tiny()
+    cfg.target.num_layers = 6
+    model = build_target(cfg.target)
+    ids = torch.randint(0, cfg.target.vocab_size, (2, 64))
+    positions = torch.cat([torch.arange(40), torch.arange(24)]).repeat(2, 1)  # two packed documents a row
+    full = model.model(input_ids=ids, position_ids=positions, output_hidden_states=True, use_cache=False)
+    for taps in ([1, 3], [2, 4], [5]):
+        expected = torch.cat([full.hidden_states[i + 1] for i in taps], dim=-1)
+        assert torch.equal(tapped_states(model, ids, None, taps, position_ids=positions), expected), taps
+    assert len(up_to_layer(model, 3).layers) == 4 and len(model.model.layers) == 6  # the full model is intact
+    assert up_to_layer(model, 5) is model.model  # the last layer tapped: its reported state is the normed one

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from trainer.config import TrainConfig, resolve
+from trainer.launcher import close_distributed, launch, pin_local_gpu, wants_launch
 from trainer.errors import TrainerInputError
 
 
@@ -80,9 +81,8 @@ def _make_trainer(args, cfg, log):
             raise TrainerInputError("--fail-at injects a failure into a worker thread; give --targets/--drafters")
         return Trainer.sequential(cfg, Path(args.out), device=args.device, resume=args.resume, log=log,
                                   strict_compile=args.strict_compile)
+    # Under torchrun each rank sees only its own GPU, as cuda:0 (launcher.pin_local_gpu).
     default = [args.device or ("cuda" if torch.cuda.is_available() else "cpu")]
-    if dist and default[0] == "cuda":  # one GPU per process under torchrun
-        default = [f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"]
     targets = args.targets.split(",") if args.targets else default
     drafters = args.drafters.split(",") if args.drafters else default
     return Trainer.threaded(cfg, Path(args.out), targets=targets, drafters=drafters,
@@ -98,16 +98,39 @@ def _log_line(message: str) -> None:
 
 def cmd_train(args) -> int:
     cfg = _config(args)
-    if args.gpus and args.gpus > 1 and "WORLD_SIZE" not in os.environ:
-        import torch
+    if wants_launch(args):
+        if args.gpus:
+            import torch
 
-        from trainer.launcher import launch, strip_gpus
+            if torch.cuda.device_count() < args.gpus:
+                raise TrainerInputError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} CUDA "
+                                        f"devices (--nproc-per-node starts processes without asking for GPUs)")
+        return launch(args, args.argv)
+    try:
+        _record_node(Path(args.out))
+        return _train(args, cfg)
+    finally:
+        close_distributed()
 
-        if args.targets or args.drafters:
-            raise TrainerInputError("give --gpus or --targets/--drafters, not both")
-        if torch.cuda.device_count() < args.gpus:
-            raise TrainerInputError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} CUDA devices")
-        return launch(strip_gpus(args.argv), args.gpus)
+
+def _record_node(out: Path) -> None:
+    """Under torchrun, local rank 0 writes OUT/node.json: which node this is in the rendezvous, and whether
+    the run's writer (global rank 0, wherever the rendezvous put it) is here. envkit copies it to run.json."""
+    if "GROUP_RANK" not in os.environ or os.environ.get("LOCAL_RANK") != "0":
+        return
+    import socket
+
+    out.mkdir(parents=True, exist_ok=True)
+    node = {"group_rank": int(os.environ["GROUP_RANK"]), "nnodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")), "host": socket.gethostname(),
+            "writer": os.environ.get("RANK") == "0",
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
+    tmp = out / ".node.json.tmp"
+    tmp.write_text(json.dumps(node, indent=2) + "\n")
+    os.replace(tmp, out / "node.json")
+
+
+def _train(args, cfg) -> int:
     from trainer.loop import Interrupted
 
     trainer = _make_trainer(args, cfg, _log_line)
@@ -211,7 +234,9 @@ def cmd_warmup(args) -> int:
     return 0
 
 
-TRAIN_ONLY_FLAGS = {"resume": "--resume", "gpus": "--gpus", "targets": "--targets", "drafters": "--drafters",
+TRAIN_ONLY_FLAGS = {"resume": "--resume", "gpus": "--gpus", "nproc_per_node": "--nproc-per-node",
+                    "nnodes": "--nnodes", "node_rank": "--node-rank", "rdzv_endpoint": "--rdzv-endpoint",
+                    "rdzv_id": "--rdzv-id", "max_restarts": "--max-restarts", "targets": "--targets", "drafters": "--drafters",
                     "strict_compile": "--strict-compile", "no_mitigations": "--no-mitigations", "fail_at": "--fail-at"}
 
 
@@ -307,6 +332,16 @@ def main(argv=None) -> int:
                        help='chat template kwargs for conversation data, e.g. \'{"enable_thinking": false}\'; '
                             "recorded in the run and the export")
         p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+        p.add_argument("--nproc-per-node", type=int, metavar="K",
+                       help="K processes on this node, data parallel (one GPU each on CUDA, each seeing only its own "
+                            "GPU), started by torchrun (torch.distributed.run)")
+        p.add_argument("--nnodes", type=int, metavar="N", help="nodes in the run; each runs the same command")
+        p.add_argument("--node-rank", type=int, metavar="R", help="this node's rank (torchrun's --node-rank)")
+        p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="where the nodes meet (c10d rendezvous)")
+        p.add_argument("--rdzv-id", metavar="ID", help="the run's rendezvous id, the same on every node")
+        p.add_argument("--max-restarts", type=int, metavar="M",
+                       help="restart the worker group up to M times when a worker dies; the ranks resume from "
+                            "rank 0's last checkpoint")
         p.add_argument("--gpus", type=int, help="N GPUs, data parallel: one process per GPU, each a target worker "
                                                  "and a drafter replica (the layout measured fastest); "
                                                  "--targets/--drafters choose threads in one process instead")
@@ -336,7 +371,13 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="weights dtype (default: the training dtype)")
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # --gpus hands it on to each rank
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # torchrun hands it on to each rank
+    if getattr(args, "gpus", None):
+        if args.nproc_per_node and args.nproc_per_node != args.gpus:
+            parser.error("--gpus is --nproc-per-node on GPUs: give one of them")
+        args.nproc_per_node = args.gpus
+    if args.command == "train" and not (args.targets or args.drafters):
+        pin_local_gpu()  # before anything imports torch
     try:
         commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
                     "load-cache": cmd_load_cache, "export": cmd_export, "selftest": cmd_selftest}

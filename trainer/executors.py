@@ -40,7 +40,7 @@ STALL_TIMEOUT_S = 600.0  # a step that makes no progress for this long is stuck,
 class StepResult:
     step: int  # steps done, this one included
     loss: float  # mean over replicas
-    useful_tokens: int  # over replicas and processes
+    useful_tokens: int  # over this process's replicas (the loop sums over processes)
     positions: int  # padding included
     bucket: int
     stats: dict  # work_stats, summed over replicas
@@ -134,12 +134,11 @@ class ThreadedExecutor:
         finished = [self._finished(step) for _ in self.setup.replicas]
         works = [work for _, work in finished]
         stats: dict = {}
-        for work in works:  # under torchrun this process's figures stand for every process's
+        for work in works:  # this process's figures; the loop sums them over processes
             for key, value in work.stats.items():
-                stats[key] = stats.get(key, 0) + value * self.world_size
+                stats[key] = stats.get(key, 0) + value
         return StepResult(step + 1, sum(loss for loss, _ in finished) / len(finished),
-                          sum(w.useful_tokens for w in works) * self.world_size,
-                          sum(w.positions for w in works) * self.world_size, works[0].bucket, stats,
+                          sum(w.useful_tokens for w in works), sum(w.positions for w in works), works[0].bucket, stats,
                           {"world_size": self.world_size, "threads_tokens_per_s": dict(self.thread_tokens_per_s),
                            "gated_compiles": self.gate.exclusive_entries})
 

@@ -43,6 +43,15 @@ def any_rank(dist, flag: bool, group) -> bool:
     return bool(value.item())
 
 
+def sum_across_ranks(dist, values: dict[str, float], group) -> dict[str, float]:
+    """Each value summed over every process (one small all-reduce on the host): a group's figures are sums,
+    never rank 0's times the world size. Every rank must pass the same keys."""
+    names = sorted(values)
+    summed = torch.tensor([float(values[name]) for name in names], dtype=torch.float64)
+    dist.all_reduce(summed, group=group)
+    return {name: value for name, value in zip(names, summed.tolist())}
+
+
 def weights_digest(module: torch.nn.Module) -> str:
     """sha256 over a module's parameters, bit for bit (replicas must agree exactly)."""
     digest = hashlib.sha256()

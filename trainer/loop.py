@@ -8,6 +8,7 @@ next step boundary, so a checkpoint never holds step s+1's weights labelled step
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -25,7 +26,8 @@ from trainer.config import TrainConfig
 from trainer.errors import NonFiniteLoss
 from trainer.executors import SequentialExecutor, StepResult, ThreadedExecutor
 from trainer.export import weights_checksum
-from trainer.gradients import any_rank, weights_digest
+from trainer.gradients import any_rank, sum_across_ranks, weights_digest
+from trainer.launcher import restart_count
 from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.setup import Setup, build
 from trainer.steps import prepare, to_device
@@ -72,9 +74,12 @@ class Trainer:
         self._looping = False
         self._started = False
         self._clock: float | None = None  # when the last step ended (None: no step since a pause)
-        if resume:
-            self.load_state_dict(checkpoint.load(self.out_dir / CHECKPOINT))
-            self.log(f"resumed from {self.out_dir / CHECKPOINT} at step {self.step_count}")
+        self.restarts = restart_count()
+        state = self._resume_state(resume or self.restarts > 0)
+        if state is not None:
+            self.load_state_dict(state)
+            again = f" (restart {self.restarts} of the worker group: steps after it are done again)" if self.restarts else ""
+            self.log(f"resumed from rank 0's {CHECKPOINT} at step {self.step_count}{again}")
 
     @classmethod
     def sequential(cls, cfg: TrainConfig, out_dir: str | Path, *, device: str | None = None, resume: bool = False,
@@ -98,6 +103,20 @@ class Trainer:
         return cls(setup, executor, out_dir, resume=resume, log=log, dist=dist, strict_compile=strict_compile,
                    mitigations=installed)
 
+    def _resume_state(self, wanted: bool) -> dict | None:
+        """The checkpoint to continue from: `--resume`, or a torchrun restart. Under torchrun only rank 0's
+        checkpoint counts, handed to every rank (nodes need no shared filesystem)."""
+        if not wanted:
+            return None
+        path = self.out_dir / CHECKPOINT
+        if not self.dist:
+            return checkpoint.load(path)
+        # A restart before the first checkpoint starts over; an explicit --resume needs one.
+        state = checkpoint.load(path) if self.is_writer() and (path.exists() or self.restarts == 0) else None
+        box = [state]
+        self.dist.broadcast_object_list(box, src=0, group=self._flag_group)  # from rank 0, checked as it loaded
+        return box[0]
+
     # -- warm-up and steps ------------------------------------------------------------------------
     def warmup(self, progress=None, buckets: list[int] | None = None) -> list[int]:
         """Compile every length bucket (or those given), forward and backward, single-threaded."""
@@ -119,6 +138,12 @@ class Trainer:
         # (the threaded executor's target workers run on meanwhile, so next() alone would read fast).
         started = self._clock if self._clock is not None else time.perf_counter()
         result = self.executor.next()
+        if self.dist:  # the group's figures: every process's tokens, not rank 0's times the world size
+            counts = sum_across_ranks(self.dist, {"useful": result.useful_tokens, "positions": result.positions,
+                                                  **{f"stat:{k}": v for k, v in result.stats.items()}},
+                                      self._flag_group)
+            result = dataclasses.replace(result, useful_tokens=int(counts["useful"]), positions=int(counts["positions"]),
+                                         stats={k: type(result.stats[k])(counts[f"stat:{k}"]) for k in result.stats})
         self._clock = time.perf_counter()
         seconds = self._clock - started
         self.step_count = result.step
@@ -171,7 +196,8 @@ class Trainer:
         started = time.perf_counter()
         buckets = self.warmup()
         mitigations = "" if self.mitigations is None else f"; mitigations: {self.mitigations or 'OFF'}"
-        self.log(f"warm-up: {len(buckets)} buckets x {len(self.setup.replicas)} replicas in "
+        rank = f"rank {self.dist.get_rank()}: " if self.dist else ""  # every rank says what it hit and missed
+        self.log(f"{rank}warm-up: {len(buckets)} buckets x {len(self.setup.replicas)} replicas in "
                  f"{time.perf_counter() - started:.1f}s ({inductor_cache_counters()}){mitigations}")
         first_eval = self.evaluate() if self.is_writer() else {}
         if first_eval:
@@ -187,6 +213,9 @@ class Trainer:
             self._log_replica_digests()
         if self.step_count < cfg.steps:
             raise Interrupted
+        counters = inductor_cache_counters()
+        if self.dist:  # collective: every rank takes part, the summary carries the group's sums
+            counters = {k: int(v) for k, v in sum_across_ranks(self.dist, counters, self._flag_group).items()}
         if not self.is_writer():  # a torchrun rank other than 0: rank 0 evaluates, checkpoints and reports
             return {}
         final_eval = self.evaluate()
@@ -194,7 +223,7 @@ class Trainer:
         self.save_checkpoint()
         final_walk = self.evaluate_walk()
         self._log_walk(final_walk)
-        return self.summary(first_eval, final_eval, final_walk)
+        return self.summary(first_eval, final_eval, final_walk, counters)
 
     def _stop_requested(self) -> bool:
         """A signal here, or under torchrun in any process: every rank stops after the same step. The
@@ -259,7 +288,7 @@ class Trainer:
                                         setup.layer_ids, setup.dtype)
         return {"step": self.step_count, "eval": True, "method": "walk", **result}
 
-    def summary(self, first_eval: dict, final_eval: dict, final_walk: dict) -> dict:
+    def summary(self, first_eval: dict, final_eval: dict, final_walk: dict, counters: dict) -> dict:
         tau = final_eval["acceptance_length"]
         walk_tau = final_walk["walk_tau"]
         last_row = self._last_row
@@ -277,7 +306,8 @@ class Trainer:
                                                             final_eval["baseline_copy_tau"]),
                 "tokens_per_s": last_row.get("tokens_per_s"), "useful_tokens_per_s": last_row.get("useful_tokens_per_s"),
                 "pad_fraction": last_row.get("pad_fraction"), "recompiles": last_row.get("recompiles", 0),
-                "eager_fallbacks": last_row.get("eager_fallbacks", 0), **inductor_cache_counters()}
+                "eager_fallbacks": last_row.get("eager_fallbacks", 0), "graph_breaks": last_row.get("graph_breaks", 0),
+                "world_size": self.dist.get_world_size() if self.dist else 1, "restarts": self.restarts, **counters}
 
     # -- metrics ----------------------------------------------------------------------------------
     def _write(self, row: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -83,6 +84,25 @@ def _has_sliding_layers(model: nn.Module) -> bool:
     return "sliding_attention" in (getattr(model.config, "layer_types", None) or [])
 
 
+def up_to_layer(model: nn.Module, last: int) -> nn.Module:
+    """The target's decoder stopped after layer `last`: the layers past the last tapped one feed nothing the
+    drafter reads (on qwen3_8b, taps 1..33 of 36 leave two layers, ~5% of the step). A view sharing the
+    model's weights, made once per model; the final norm is an identity, since transformers reports the
+    normed output as the last hidden state and that would be the tapped layer's. The full model stays for
+    the decoding walk, which needs logits."""
+    if last >= len(model.model.layers) - 1:
+        return model.model  # the last layer itself is tapped: its reported state is the normed one, keep it
+    views = model.__dict__.setdefault("_envkit_views", {})
+    if last not in views:
+        base = model.model
+        view = copy.copy(base)
+        view._modules = dict(base._modules)  # copy.copy would share the submodule table with the full model
+        view.layers = nn.ModuleList(list(base.layers)[: last + 1])
+        view.norm = nn.Identity()
+        views[last] = view
+    return views[last]
+
+
 @torch.no_grad()
 def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                   layer_ids: list[int], position_ids: torch.Tensor | None = None,
@@ -97,7 +117,7 @@ def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     if doc_ids is not None and not _has_sliding_layers(model):
         # A ready mask mapping goes to the layers as is: no dense mask is built.
         attention_mask = {"full_attention": target_attention.document_mask(doc_ids)}
-    out = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      output_hidden_states=True, use_cache=False)
+    out = up_to_layer(model, max(layer_ids))(input_ids=input_ids, attention_mask=attention_mask,
+                                             position_ids=position_ids, output_hidden_states=True, use_cache=False)
     # hidden_states[0] is the embedding output; decoder layer i's output is hidden_states[i + 1].
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
