@@ -242,8 +242,23 @@ def _check_trusted(cache_dir: Path) -> None:
                          f"remove it (`rm -rf {cache_dir}`) and run `envkit warm-cache` again")
 
 
+def layout_args(trainer_args: tuple[str, ...] | list[str]) -> list[str]:
+    """The trainer flags that decide which devices compile (--targets, --drafters, --device): a threaded layout
+    over several GPUs compiles for each of them, and the device index is part of every cache key."""
+    out, take = [], False
+    for arg in trainer_args:
+        flag = arg.split("=", 1)[0]
+        if take:
+            out.append(arg)
+            take = False
+        elif flag in ("--targets", "--drafters", "--device"):
+            out.append(arg)
+            take = "=" not in arg
+    return out
+
+
 def warm(venv: Venv, preset: str | None = None, config: str | None = None, *, quiet: bool = False,
-         export: Path | None = None, described: dict | None = None) -> WarmResult:
+         export: Path | None = None, described: dict | None = None, layout: list[str] | tuple = ()) -> WarmResult:
     started = time.perf_counter()
     parts = key_parts(venv, preset, config, described)
     key = env_key(parts)
@@ -252,7 +267,7 @@ def warm(venv: Venv, preset: str | None = None, config: str | None = None, *, qu
     lock = warm_lock(cache_dir)
     with lock:
         _check_trusted(cache_dir)
-        args = trainer_args(preset, config) + (["--export", str(export)] if export else [])
+        args = trainer_args(preset, config) + list(layout) + (["--export", str(export)] if export else [])
         final = _stream_warmup(venv, args, trainer_env(venv, cache_dir), quiet)
         # The fingerprint is written last: an interrupted warm-up leaves none, and the next run continues.
         fingerprint = write_fingerprint(cache_dir, parts, final["buckets"], final["counters"], venv)

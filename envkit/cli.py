@@ -217,19 +217,22 @@ def _check_preset_choice(preset, config_path) -> None:
         raise click.UsageError("give --preset or --config, not both")
 
 
-@main.command("warm-cache")
+@main.command("warm-cache", context_settings={"ignore_unknown_options": True})
 @venv_option
 @profile_option
 @preset_option
 @config_option
 @click.option("--verify", "only_verify", is_flag=True, help="Re-hash the cache and compare with its fingerprint.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def warm_cache_command(venv_path, profile_name, preset, config_path, only_verify, as_json):
+@click.argument("layout", nargs=-1, type=click.UNPROCESSED)
+def warm_cache_command(venv_path, profile_name, preset, config_path, only_verify, as_json, layout):
     """Compile every shape bucket once into a private cache, then fingerprint it.
 
     Runs the trainer's warm-up single-threaded in the venv's interpreter, forward and backward,
     with TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR in $ENVKIT_CACHE_DIR/compile/<env-key> (0700),
     holding a file lock. --verify reports removed or changed files (exit 1) apart from added ones.
+    A threaded layout over several devices warms each of them: `-- --targets cuda:0,cuda:1 --drafters cuda:2`.
+    Processes under torchrun each see only their own GPU as cuda:0, so one warm-up serves every rank.
     """
     from envkit import cache
 
@@ -242,7 +245,10 @@ def warm_cache_command(venv_path, profile_name, preset, config_path, only_verify
         else:
             click.echo(render_verification(result))
         sys.exit(0 if result.ok else 1)
-    result = cache.warm(venv, preset, config_path, quiet=as_json)
+    extra = [arg for arg in layout if arg not in cache.layout_args(layout)]
+    if extra:
+        raise click.UsageError(f"after `--` warm-cache takes only --targets, --drafters and --device, not {extra[0]}")
+    result = cache.warm(venv, preset, config_path, quiet=as_json, layout=layout)
     if as_json:
         _print_json(_as_dict(result))
     else:
@@ -380,9 +386,17 @@ def cache_prune_command(dry_run, as_json):
 @click.option("--detach", is_flag=True, help="Run in a tmux session (or a new session without tmux) and return.")
 @click.option("--no-warm", is_flag=True, help="Refuse to start on a cold cache instead of warming it.")
 @click.option("--allow-warn", is_flag=True, help="Start despite doctor warnings that train does not handle itself.")
+@click.option("--nproc-per-node", "--gpus", "nproc_per_node", type=click.IntRange(min=1), metavar="K",
+              help="K processes on this node (one GPU each), started by torchrun.")
+@click.option("--nnodes", type=click.IntRange(min=1), metavar="N", help="Nodes in the run; every node runs this command.")
+@click.option("--node-rank", type=click.IntRange(min=0), metavar="R", help="This node's rank (torchrun's --node-rank).")
+@click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Where the nodes meet (c10d rendezvous; node 0's address).")
+@click.option("--rdzv-id", metavar="ID", help="Rendezvous id, the same on every node (default: the run name).")
+@click.option("--max-restarts", type=click.IntRange(min=0), metavar="M",
+              help="Restart the worker group up to M times when a worker dies; it resumes from rank 0's checkpoint.")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, detach, no_warm, allow_warn,
-                  trainer_args):
+                  nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts, trainer_args):
     """Preflight, then run the bundled DFlash trainer with a run directory and log.
 
     \b
@@ -391,12 +405,20 @@ def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, 
     3. verify the compile cache; warm it when cold (unless --no-warm)
     4. run `python -m trainer train` in runs/<name>/ with run.json, train.log, metrics.jsonl
     Arguments after `--` go to the trainer, e.g. `envkit train --preset tiny -- --steps 100`.
+
+    \b
+    More than one process or node (torchrun's own option names):
+      envkit train --nproc-per-node 8                       one node, 8 GPUs
+      envkit train --nnodes 2 --nproc-per-node 8 --node-rank R --rdzv-endpoint NODE0:29500
+    Each node runs the same command; global rank 0 writes metrics, checkpoints and the summary.
     """
-    from envkit.launch import TrainRequest, describe_summary, start
+    from envkit.launch import TrainRequest, describe_summary, launch_args, start
 
     _check_preset_choice(preset, config_path)
+    launch = launch_args(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id or name, max_restarts=max_restarts)
     request = TrainRequest(venv_path, profile_name, preset, config_path, name, runs_dir, detach, no_warm, allow_warn,
-                           tuple(trainer_args))
+                           tuple(trainer_args), launch)
     record = start(request)
     if not detach:
         click.echo(describe_summary(record, Path(record["run_dir"])))

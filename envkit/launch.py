@@ -24,10 +24,11 @@ from envkit import __version__, cache, doctor, paths, selftest
 from envkit.doctor.findings import Report, Status
 from envkit.children import die_with_parent
 from envkit.errors import RunError
+from envkit.text import printable
 from envkit.installed import installed_versions
 from envkit.progress import Phases
-from envkit.rundir import (CONFIG_JSON, LOG, RUN_JSON, check_run_name, now, read_run, read_summary,
-                           update_run)
+from envkit.rundir import (CONFIG_JSON, LOG, NODE_JSON, RUN_JSON, check_run_name, now, read_node, read_run,
+                           read_summary, update_run)
 from envkit.trainer_process import trainer_command, trainer_env
 from envkit.trainer_source import trainer_digest
 from envkit.uvtool import uv_version
@@ -51,6 +52,22 @@ class TrainRequest:
     no_warm: bool
     allow_warn: bool
     trainer_args: tuple[str, ...]
+    launch: tuple[str, ...] = ()  # torchrun's options (--nproc-per-node, --nnodes, ...), handed to the trainer
+
+
+def launch_args(*, nproc_per_node=None, nnodes=None, node_rank=None, rdzv_endpoint=None, rdzv_id=None,
+                max_restarts=None) -> tuple[str, ...]:
+    """torchrun's options as trainer arguments; several nodes need a rendezvous endpoint."""
+    if (nnodes or 1) > 1 and not rdzv_endpoint:
+        raise RunError("--nnodes N > 1 needs --rdzv-endpoint HOST:PORT (node 0's address, the same on every node)")
+    if rdzv_endpoint and not re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+:\d{1,5}", rdzv_endpoint):
+        raise RunError(f"--rdzv-endpoint {printable(rdzv_endpoint)!r} is not HOST:PORT")
+    if node_rank is not None and nnodes and node_rank >= nnodes:
+        raise RunError(f"--node-rank {node_rank} is not below --nnodes {nnodes}")
+    values = {"--nproc-per-node": nproc_per_node, "--nnodes": nnodes, "--node-rank": node_rank,
+              "--rdzv-endpoint": rdzv_endpoint, "--rdzv-id": rdzv_id if rdzv_endpoint else None,
+              "--max-restarts": max_restarts}
+    return tuple(arg for flag, value in values.items() if value is not None for arg in (flag, str(value)))
 
 
 def _git_commit() -> str | None:
@@ -123,7 +140,8 @@ def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, describe
             raise RunError(f"the compile cache for this run's config is cold (env key {result.env_key}); run "
                            f"`envkit warm-cache --venv {shlex.quote(str(venv.path))} --config {shlex.quote(str(config_path))}` first, or drop --no-warm")
         with phases.phase("warm-cache", f"cold env key {result.env_key}"):
-            cache.warm(venv, None, str(config_path), described=described, quiet=not sys.stderr.isatty())
+            cache.warm(venv, None, str(config_path), described=described, quiet=not sys.stderr.isatty(),
+                       layout=cache.layout_args(request.trainer_args))
     _prove_mitigations(venv, Path(result.cache_dir), described["torch"], phases)
     fingerprint = cache.read_fingerprint(Path(result.cache_dir))
     return Path(result.cache_dir), fingerprint["digest"]
@@ -172,7 +190,7 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
     config_path = run_dir / CONFIG_JSON
     write_json_atomic(config_path, described["full_config"])
     command = trainer_command(venv, "train", "--config", str(config_path), "--out", str(run_dir),
-                              *request.trainer_args)
+                              *request.launch, *request.trainer_args)
     record = {
         "name": run_dir.name, "status": "starting", "config": described["full_config"],
         "config_path": str(config_path), "profile": profile.name if profile else None,
@@ -285,12 +303,37 @@ def supervise(run_dir: Path, *, echo: bool) -> dict:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     status = EXIT_STATUS.get(code, "failed")
-    return update_run(run_dir, status=status, exit_code=code, ended_at=now(), summary=read_summary(run_dir))
+    fields = {"node": read_node(run_dir)} if (run_dir / NODE_JSON).exists() else {}
+    if status == "failed":
+        fields["error"] = worker_failure(run_dir / LOG) or f"the trainer exited {code}; see {run_dir / LOG}"
+    return update_run(run_dir, status=status, exit_code=code, ended_at=now(), summary=read_summary(run_dir), **fields)
+
+
+def worker_failure(log: Path) -> str | None:
+    """torchrun's account of the first worker that failed ('Root Cause' in its report): rank, host, exit."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - (256 << 10)))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    block = text.rpartition("Root Cause (first observed failure):")[2]
+    fields = dict(re.findall(r"^\s*(rank|host|exitcode)\s*:\s*(.+?)\s*$", block, re.M))
+    if not block or "rank" not in fields:
+        return None
+    return printable(f"worker rank {fields['rank']} on host {fields.get('host', '?')} failed: exit code "
+                     f"{fields.get('exitcode', '?')}; the run stopped (torchrun --max-restarts lets it survive)")
 
 
 def describe_summary(record: dict, run_dir: Path) -> str:
     summary = record.get("summary")
     lines = [f"run {record['name']}: {record['status']} (exit {record['exit_code']}); run dir {run_dir}"]
+    if record.get("error") and record["status"] == "failed":
+        lines.append(f"  {printable(record['error'])}")
+    node = record.get("node") or {}
+    if node and not summary and record["status"] == "finished" and not node.get("writer"):
+        lines.append(f"  node {node.get('group_rank')} of {node.get('nnodes')}: the writer (global rank 0) ran on "
+                     f"another node; metrics, checkpoints and the summary are in that node's run dir")
     if summary:
         verdict = "beats both baselines" if summary["beats_baselines"] else \
             "does NOT beat both baselines: nothing worth reporting was learned"

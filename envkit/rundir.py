@@ -18,6 +18,7 @@ from envkit.venv import write_json_atomic
 RUN_JSON = "run.json"
 CONFIG_JSON = "config.json"
 SUMMARY_JSON = "summary.json"
+NODE_JSON = "node.json"  # under torchrun: which node of the rendezvous this run dir's node was
 LOG = "train.log"
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -54,6 +55,15 @@ def read_run(run_dir: Path) -> dict:
         raise RunError(f"{printable(run_dir / RUN_JSON)} is not a run record (a JSON object); it was not written by "
                        f"envkit")
     return record
+
+
+def read_node(run_dir: Path) -> dict | None:
+    """The trainer's node.json (group rank, nodes, whether the writer, global rank 0, ran here)."""
+    try:
+        node = read_json_file(run_dir / NODE_JSON, limit=RECORD_LIMIT)
+    except ValueError:
+        return None
+    return node if isinstance(node, dict) else None
 
 
 def read_summary(run_dir: Path) -> dict | None:

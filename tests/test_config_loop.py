@@ -81,8 +81,9 @@ def _rank_pid(launcher_pid: int, rank: int) -> int:
 
 TRAINER = (sys.executable, "-m", "trainer")
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "trainer")
-# What `--gpus 2` runs (it needs two CUDA devices): the launcher itself, its ranks on CPU with gloo.
-LAUNCHER = (sys.executable, "-c", "import sys; from trainer.launcher import launch; sys.exit(launch(sys.argv[1:], 2))")
+# What `--gpus 2` runs, without needing two CUDA devices: the trainer starts torchrun itself, ranks on CPU with gloo.
+LAUNCHER = (sys.executable, "-m", "trainer")
+LAUNCHER_ARGS = ("--nproc-per-node", "2")
 
 
 def _stop_mid_run(out: Path, *extra: str, command: tuple[str, ...] = TRAINER, rank: int | None = None):
@@ -124,14 +125,15 @@ def test_sigterm_stops_at_a_step_boundary_and_resume_is_exact(tmp_path, layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command,rank", [(TORCHRUN, 1), (LAUNCHER, None)], ids=["torchrun, one rank", "--gpus"])
-def test_ranks_stop_after_the_same_step(tmp_path, command, rank):
-    """SIGTERM to one torchrun rank only, or to the --gpus launcher (which hands it to every rank): the
+@pytest.mark.parametrize("command,rank,extra", [(TORCHRUN, 1, ()), (LAUNCHER, None, LAUNCHER_ARGS)],
+                         ids=["torchrun, one rank", "--nproc-per-node"])
+def test_ranks_stop_after_the_same_step(tmp_path, command, rank, extra):
+    """SIGTERM to one torchrun rank only, or to the trainer that started torchrun (which hands it to every rank): the
     ranks agree on the step to stop after, so none waits in an all-reduce for a partner that has left,
     and rank 0 checkpoints exactly the steps it logged."""
     (tmp_path / "small.json").write_text(json.dumps(SMALL))
     out = tmp_path / "run"
-    proc = _stop_mid_run(out, "--config", str(tmp_path / "small.json"), command=command, rank=rank)
+    proc = _stop_mid_run(out, "--config", str(tmp_path / "small.json"), *extra, command=command, rank=rank)
     stopped = [line for line in proc.stdout.splitlines() if line.startswith("interrupted at step")]
     assert len(stopped) == 2, proc.stdout + proc.stderr[-3000:]
     assert len({line.split()[3] for line in stopped}) == 1, stopped  # the same step on both ranks

@@ -215,7 +215,12 @@ def cmd_warmup(args) -> int:
     small.data.num_sequences = min(cfg.data.num_sequences, 4 * cfg.batch_size)
     small.data.eval_sequences = 1
     started = time.perf_counter()
-    trainer = Trainer.sequential(small, Path(args.out), device=args.device, log=lambda m: print(m, file=sys.stderr))
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    if args.targets or args.drafters:  # a threaded layout compiles for every device it uses (the index is in the key)
+        trainer = Trainer.threaded(small, Path(args.out), targets=(args.targets or args.drafters).split(","),
+                                   drafters=(args.drafters or args.targets).split(","), log=log)
+    else:
+        trainer = Trainer.sequential(small, Path(args.out), device=args.device, log=log)
 
     def progress(done, total, bucket):
         print(json.dumps({"progress": done, "total": total, "bucket": bucket,
@@ -236,7 +241,7 @@ def cmd_warmup(args) -> int:
 
 TRAIN_ONLY_FLAGS = {"resume": "--resume", "gpus": "--gpus", "nproc_per_node": "--nproc-per-node",
                     "nnodes": "--nnodes", "node_rank": "--node-rank", "rdzv_endpoint": "--rdzv-endpoint",
-                    "rdzv_id": "--rdzv-id", "max_restarts": "--max-restarts", "targets": "--targets", "drafters": "--drafters",
+                    "rdzv_id": "--rdzv-id", "max_restarts": "--max-restarts",
                     "strict_compile": "--strict-compile", "no_mitigations": "--no-mitigations", "fail_at": "--fail-at"}
 
 
