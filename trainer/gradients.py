@@ -38,9 +38,13 @@ def any_rank(dist, flag: bool, group) -> bool:
     """True on every process when it is True on any (one tiny all-reduce): ranks must stop at the same
     step, or the one that goes on waits in its next all-reduce for a partner that has left. `group` is a
     gloo group: the flag stays on the host, so no wait for the GPUs' queued work."""
-    value = torch.tensor([int(flag)])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return bool(value.item())
+    return bool(max_across_ranks(dist, int(flag), group))
+
+
+def max_across_ranks(dist, value: int, group) -> int:
+    value_tensor = torch.tensor([int(value)])
+    dist.all_reduce(value_tensor, op=dist.ReduceOp.MAX, group=group)
+    return int(value_tensor.item())
 
 
 def sum_across_ranks(dist, values: dict[str, float], group) -> dict[str, float]:

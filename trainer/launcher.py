@@ -43,10 +43,10 @@ def torchrun_command(args, worker_argv: list[str]) -> list[str]:
     if (args.nnodes or 1) == 1 and not args.rdzv_endpoint:
         command.append("--standalone")
     else:
+        # c10d ranks the nodes in the order the rendezvous settles (torchrun ignores --node-rank there), so
+        # the writer, global rank 0, is wherever that puts it; every node's node.json says which node it was.
         command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint,
                     "--rdzv-id", args.rdzv_id or "envkit"]
-        if args.node_rank is not None:
-            command += ["--node-rank", str(args.node_rank)]
     return [*command, "-m", "trainer", *worker_argv]
 
 

@@ -26,7 +26,7 @@ from trainer.config import TrainConfig
 from trainer.errors import NonFiniteLoss
 from trainer.executors import SequentialExecutor, StepResult, ThreadedExecutor
 from trainer.export import weights_checksum
-from trainer.gradients import any_rank, sum_across_ranks, weights_digest
+from trainer.gradients import any_rank, max_across_ranks, sum_across_ranks, weights_digest
 from trainer.launcher import restart_count
 from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.setup import Setup, build
@@ -74,7 +74,10 @@ class Trainer:
         self._looping = False
         self._started = False
         self._clock: float | None = None  # when the last step ended (None: no step since a pause)
-        self.restarts = restart_count()
+        # torchrun counts restarts per agent, and an agent restarted only because another node's group
+        # re-joined the rendezvous counts none (pytorch/pytorch#135712): the group's figure is the largest,
+        # and every rank takes the same decision to resume.
+        self.restarts = max_across_ranks(dist, restart_count(), self._flag_group) if dist else restart_count()
         state = self._resume_state(resume or self.restarts > 0)
         if state is not None:
             self.load_state_dict(state)
