@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -471,14 +472,15 @@ def export_command(run, out_dir, force, dtype, runs_dir, as_json):
     dflash_config), model.safetensors and, for a random target, target/ (the target as trained against).
     """
     from envkit.export import export
+    from envkit.text import printable
 
     result = export(run, Path(out_dir), force=force, dtype=dtype, runs_dir=Path(runs_dir) if runs_dir else None)
     if as_json:
         return _print_json(result)
     target = f"{result['out']}/target" if result["target"] == "target/" else result["target"]
-    click.echo(f"exported {result['out']} (step {result['step']}; target {target})")
-    click.echo(f"  serve: python -m sglang.launch_server --model-path {target} --speculative-algorithm DFLASH "
-               f"--speculative-draft-model-path {result['out']}")
+    click.echo(printable(f"exported {result['out']} (step {result['step']}; target {target})"))
+    click.echo(printable(f"  serve: python -m sglang.launch_server --model-path {shlex.quote(str(target))} "
+                         f"--speculative-algorithm DFLASH --speculative-draft-model-path {shlex.quote(result['out'])}"))
 
 
 @main.command("logs")

@@ -327,7 +327,8 @@ def worker_failure(log: Path) -> str | None:
 
 def describe_summary(record: dict, run_dir: Path) -> str:
     summary = record.get("summary")
-    lines = [f"run {record['name']}: {record['status']} (exit {record['exit_code']}); run dir {run_dir}"]
+    lines = [printable(f"run {record.get('name')}: {record.get('status')} (exit {record.get('exit_code')}); "
+                       f"run dir {run_dir}")]
     if record.get("error") and record["status"] == "failed":
         lines.append(f"  {printable(record['error'])}")
     node = record.get("node") or {}

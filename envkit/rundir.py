@@ -57,21 +57,22 @@ def read_run(run_dir: Path) -> dict:
     return record
 
 
-def read_node(run_dir: Path) -> dict | None:
-    """The trainer's node.json (group rank, nodes, whether the writer, global rank 0, ran here)."""
+def _trainer_record(path: Path) -> dict | None:
+    """A JSON object the trainer wrote, or None when it is absent or not one (read as data)."""
     try:
-        node = read_json_file(run_dir / NODE_JSON, limit=RECORD_LIMIT)
+        record = read_json_file(path, limit=RECORD_LIMIT)
     except ValueError:
         return None
-    return node if isinstance(node, dict) else None
+    return record if isinstance(record, dict) else None
+
+
+def read_node(run_dir: Path) -> dict | None:
+    """The trainer's node.json (group rank, nodes, whether the writer, global rank 0, ran here)."""
+    return _trainer_record(run_dir / NODE_JSON)
 
 
 def read_summary(run_dir: Path) -> dict | None:
     """The trainer's summary.json (results are files, not lines in a log)."""
-    try:
-        summary = read_json_file(run_dir / SUMMARY_JSON, limit=RECORD_LIMIT)
-    except ValueError:
-        return None
-    return summary if isinstance(summary, dict) else None
+    return _trainer_record(run_dir / SUMMARY_JSON)
 
 

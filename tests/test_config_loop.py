@@ -148,8 +148,12 @@ def test_trainer_arguments_reach_warm_up_and_run_json(cpu_venv, warm_cache_root,
     root = tmp_path / "cache-root"
     shutil.copytree(warm_cache_root, root, symlinks=True)
     env = dict(os.environ, ENVKIT_CACHE_DIR=str(root), ENVKIT_RUNS_DIR=str(tmp_path / "runs"))
-    proc = run_envkit("train", "--venv", str(cpu_venv), "--name", "b4", "--", "--batch-size", "4", "--steps", "3",
-                      env=env, timeout=1200)
+    # One bucket and a short evaluation: the cold warm-up for batch 4 is the test, not two buckets of it.
+    config = tmp_path / "one-bucket.json"
+    config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 16,
+                                  "data": {"buckets": [64], "num_sequences": 64, "eval_sequences": 4}}))
+    proc = run_envkit("train", "--venv", str(cpu_venv), "--config", str(config), "--name", "b4", "--",
+                      "--batch-size", "4", "--steps", "3", env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "b4"
     record = json.loads((run_dir / "run.json").read_text())

@@ -75,7 +75,11 @@ def test_two_nodes_train_one_drafter_from_one_warm_cache(cpu_venv, warm_cache_ro
                                      check=True).stdout)
     run_envkit("cache", "import", str(bundle), "--venv", str(cpu_venv), "--sha256", exported["sha256"],
                env=envs[1], check=True)
-    finish(start_nodes(cpu_venv, tmp_path, envs, "--", "--steps", "12"))
+    # The tiny preset's shapes (they decide the cache key), with less data and a shorter walk.
+    config = tmp_path / "short.json"
+    config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 16, "eval_every": 0,
+                                  "data": {"num_sequences": 64, "eval_sequences": 4}}))
+    finish(start_nodes(cpu_venv, tmp_path, envs, "--config", str(config), "--", "--steps", "12"))
     writer = writer_dir(tmp_path)
     summary = json.loads((writer / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["world_size"] == 2 and summary["restarts"] == 0

@@ -221,7 +221,7 @@ def test_doctor_never_opens_a_fifo_or_a_device_and_stays_inside_site_packages(tm
     assert not any("outside.py" in f["subject"] for f in report["findings"])
     # Train's preflight runs the same checks: a FIFO in a venv can hang neither.
     sp.joinpath("hang-1.0.dist-info", "RECORD").write_text("x" * (200 << 10) + ",sha256=AAAA,1\n")
-    proc = subprocess.run([sys.executable, "-m", "envkit", "doctor", "--venv", str(venv)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "envkit", "doctor", "--venv", str(venv), "-v"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "hang-1.0.dist-info/RECORD is unreadable" in proc.stdout
