@@ -221,3 +221,29 @@ def test_a_second_signal_exits_at_once_and_writes_no_checkpoint(tmp_path):
     for row in redone:
         if row["step"] in seen:
             assert row["loss"] == pytest.approx(seen[row["step"]], abs=1e-5)
+
+
+def test_the_stat_index_never_hides_an_edit_with_its_mtime_restored(tmp_path, test_lock, wheelhouse, monkeypatch):
+    """doctor hashes again only files whose stat changed; an edit of the same size with the old mtime put back
+    still changes ctime, so it is still caught (and the index records only verified files)."""
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    venv = tmp_path / "env"
+    run_envkit(*create_args(test_lock, venv, "--find-links", str(wheelhouse)), check=True)
+
+    def modified() -> list[str]:
+        report = json.loads(run_envkit("doctor", "--venv", str(venv), "--json").stdout)
+        return [f["subject"] for f in report["findings"] if f["id"] == "files.modified" and f["status"] == "fail"]
+
+    assert modified() == []  # the first run hashes everything and writes the index
+    index = next((tmp_path / "envkit-cache" / "doctor").glob("*.json"))
+    assert oct(index.stat().st_mode & 0o777) == "0o600"
+    module = next((venv / "lib").glob("python3*/site-packages")) / "ekt_alpha" / "__init__.py"
+    before = module.stat()
+    text = module.read_text()
+    time.sleep(0.01)
+    module.write_text(text[:-2] + "#\n")  # the same size
+    os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert module.stat().st_size == before.st_size and module.stat().st_mtime_ns == before.st_mtime_ns
+    assert modified() == ["ekt_alpha/__init__.py"]
+    deep = json.loads(run_envkit("doctor", "--venv", str(venv), "--json", "--deep").stdout)
+    assert any(f["subject"] == "ekt_alpha/__init__.py" and f["status"] == "fail" for f in deep["findings"])
