@@ -117,7 +117,9 @@ class Trainer:
         # A restart before the first checkpoint starts over; an explicit --resume needs one.
         state = checkpoint.load(path) if self.is_writer() and (path.exists() or self.restarts == 0) else None
         box = [state]
-        self.dist.broadcast_object_list(box, src=0, group=self._flag_group)  # from rank 0, checked as it loaded
+        # Unpickles on every rank but 0: only what rank 0 of this very job sends, a state it loaded itself with
+        # checkpoint.load (weights-only, keys and types checked); no other process can write to this group.
+        self.dist.broadcast_object_list(box, src=0, group=self._flag_group)
         return box[0]
 
     # -- warm-up and steps ------------------------------------------------------------------------
