@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -469,7 +468,9 @@ def export_command(run, out_dir, force, dtype, runs_dir, as_json):
     """Write a run's drafter in the DFlash format that SGLang, vLLM and `dflash` load.
 
     RUN is a name from `envkit runs` or a run directory. DIR gets config.json (Qwen3 config with
-    dflash_config), model.safetensors and, for a random target, target/ (the target as trained against).
+    dflash_config), model.safetensors, README.md (the model card: target, data, walk figures, how to
+    serve) and, for a preset's random or built target, target/ (the target as trained against).
+    Prints the SGLang and vLLM command lines that serve it.
     """
     from envkit.export import export
     from envkit.text import printable
@@ -479,8 +480,11 @@ def export_command(run, out_dir, force, dtype, runs_dir, as_json):
         return _print_json(result)
     target = f"{result['out']}/target" if result["target"] == "target/" else result["target"]
     click.echo(printable(f"exported {result['out']} (step {result['step']}; target {target})"))
-    click.echo(printable(f"  serve: python -m sglang.launch_server --model-path {shlex.quote(str(target))} "
-                         f"--speculative-algorithm DFLASH --speculative-draft-model-path {shlex.quote(result['out'])}"))
+    serve = result.get("serve") if isinstance(result.get("serve"), dict) else {}
+    for engine in ("sglang", "vllm"):
+        if isinstance(serve.get(engine), str):
+            click.echo(printable(f"  serve with {engine}: {serve[engine]}"))
+    click.echo(printable(f"  model card: {result['out']}/README.md"))
 
 
 @main.command("logs")

@@ -179,7 +179,10 @@ def cmd_eval(args) -> int:
     trainer = Trainer.sequential(cfg, Path(args.ckpt).parent, device=args.device,
                                  log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)
-    print(json.dumps(trainer.evaluate_walk() if args.walk else trainer.evaluate()))
+    taps = [int(t) for t in args.taps.split(",")] if args.taps else None
+    if (taps is not None or args.zero_context) and not args.walk:
+        raise TrainerInputError("--taps and --zero-context change the decoding walk: give --walk too")
+    print(json.dumps(trainer.evaluate_walk(taps, args.zero_context) if args.walk else trainer.evaluate()))
     return 0
 
 
@@ -309,6 +312,23 @@ def cmd_selftest(args) -> int:
     return 0 if all(result["passed"] for result in results.values()) else 1
 
 
+def cmd_make_target(args) -> int:
+    """Train a small Qwen3 target and its tokenizer on the stdlib sources (trainer/maketarget.py)."""
+    from trainer import maketarget
+
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731  (stdout is the JSON result)
+    if args.out:
+        record = maketarget.build(args.recipe, Path(args.out), log=log)
+        out = Path(args.out).absolute()
+    else:
+        out = maketarget.ensure(args.recipe, log=log)
+        record = maketarget.check_built(out)
+    summary = {k: record[k] for k in ("recipe", "key", "parameters", "train_loss", "held_out_loss", "seconds")}
+    print(json.dumps({"out": str(out), **summary, "held_out_files": record["corpus"]["held_out_files"],
+                      "train_files": record["corpus"]["train_files"]}))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -316,14 +336,15 @@ def main(argv=None) -> int:
     # do not decide the config (devices, threads) only matter to train.
     for name in ("train", "warmup", "describe"):
         p = sub.add_parser(name, allow_abbrev=False)
-        p.add_argument("--preset", help="tiny (default) | qwen3_8b")
+        p.add_argument("--preset", help="tiny (default) | code | qwen3_8b")
         p.add_argument("--config", help="a JSON config: a full one (a run's config.json), or a preset's changes "
                                         "({\"preset\": \"tiny\", \"steps\": 50}); flags override it")
         p.add_argument("--out", required=name != "describe", help="run directory (metrics.jsonl, checkpoint.pt)")
         p.add_argument("--steps", type=int)
         p.add_argument("--batch-size", type=int)
         p.add_argument("--num-anchors", type=int)
-        p.add_argument("--data", help="JSONL: conversations or input_ids/loss_mask")
+        p.add_argument("--data", help="JSONL (conversations, {\"text\": ...} or input_ids/loss_mask), or a plain "
+                                        "text file (any other suffix; needs a tokenizer)")
         p.add_argument("--target", help="local HF model directory (default: the preset's random target)")
         p.add_argument("--tokenizer", help="tokenizer directory for conversation data")
         p.add_argument("--attention", choices=["auto", "flex", "sdpa"])
@@ -364,11 +385,19 @@ def main(argv=None) -> int:
     p.add_argument("--sha256", required=True, help="the digest envkit verified the blob against")
     sub.add_parser("selftest", help="reproduce each torch hazard with its mitigation off, then prove the "
                                     "mitigation removes it (JSON; exit 1 when one fails)")
+    p = sub.add_parser("make-target", help="train a small Qwen3 target and tokenizer on this interpreter's stdlib "
+                                           "sources (the `code` preset's target)")
+    p.add_argument("--recipe", default="code_tiny", help="code_tiny (CPU, ~2 min) | code_small (one GPU)")
+    p.add_argument("--out", help="directory to create (default: built once into $ENVKIT_HOME/targets and reused)")
     p = sub.add_parser("eval")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--device")
     p.add_argument("--walk", action="store_true",
                    help="acceptance length by a greedy speculative decoding walk (else teacher-forced)")
+    p.add_argument("--taps", metavar="L[,L...]", help="ablation: feed the drafter these target layers' states "
+                                                      "instead of those it was trained on (a tap error)")
+    p.add_argument("--zero-context", action="store_true",
+                   help="ablation: feed the drafter all-zero context features")
     p = sub.add_parser("export", help="write the DFlash serving format (SGLang, vLLM, dflash) from a checkpoint")
     p.add_argument("--ckpt", required=True, help="RUN_DIR/checkpoint.pt")
     p.add_argument("--out", required=True, help="directory to create (refused when not empty, unless --force)")
@@ -385,7 +414,8 @@ def main(argv=None) -> int:
         pin_local_gpu()  # before anything imports torch
     try:
         commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
-                    "load-cache": cmd_load_cache, "export": cmd_export, "selftest": cmd_selftest}
+                    "load-cache": cmd_load_cache, "export": cmd_export, "selftest": cmd_selftest,
+                    "make-target": cmd_make_target}
         return commands[args.command](args)
     except TrainerInputError as exc:  # anything else is a bug or torch's failure: its traceback is kept
         print(f"Error: {exc}", file=sys.stderr)

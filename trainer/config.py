@@ -11,7 +11,10 @@ from trainer.errors import TrainerInputError
 
 @dataclass
 class TargetConfig:
-    path: str | None = None  # local HF model dir; None = build from the fields below with random weights
+    path: str | None = None  # local HF model dir; None = `recipe`, else the fields below with random weights
+    # A target trained here on the stdlib sources (trainer/maketarget.py: code_tiny, code_small), built on first
+    # use into ENVKIT_HOME/targets and reused; the fields below must match its architecture.
+    recipe: str | None = None
     vocab_size: int = 512
     hidden_size: int = 128
     intermediate_size: int = 256
@@ -36,13 +39,19 @@ class DrafterConfig:
     target_layer_ids: list[int] | None = None
     intermediate_size: int | None = None  # None: the target's
     gamma: float = 7.0  # loss weight of slot k is exp(-(k-1)/gamma)
+    # "target": the tapped states (DFlash). "zeros": the same shapes, all zero, in training and the walk: the
+    # ablation that shows how much of the acceptance comes from the target's features.
+    context: str = "target"
 
 
 @dataclass
 class DataConfig:
-    path: str | None = None  # JSONL (conversations or input_ids/loss_mask); None = `source`
-    # Without a path: "generate" continues prompts with the target (learnable, tiny); "random" draws
-    # uniform tokens (a shape-faithful throughput workload: decoding with an 8B target would take hours).
+    # JSONL (conversations, {"text": ...} or input_ids/loss_mask) or a plain text file; None = `source`
+    path: str | None = None
+    # Without a path: "generate" continues random prompts with the target (learnable, tiny); "corpus" continues
+    # prompts cut from the stdlib corpus with the target (training files for training, held-out files for
+    # evaluation: the data DFlash trains on, for a `recipe` target); "random" draws uniform tokens (a
+    # shape-faithful throughput workload: decoding with an 8B target would take hours).
     source: str = "generate"
     # "chat_lengths": uniform tokens with a chat-like length mix, log-normal with this median and 90th
     # percentile (stated as such in bench/RESULTS.md), truncated at the largest bucket.
@@ -58,6 +67,7 @@ class DataConfig:
     prompt_len: int = 8  # generated data: random prompt tokens before the target's continuation
     sample_temperature: float = 80.0  # generated data: softmax(temperature x logits)
     ban_recent: int = 32  # generated data: tokens seen in the last N positions are not sampled again
+    greedy: bool = False  # generated data: the target's argmax, as greedy serving verifies (no sampling, no ban)
     eval_sequences: int = 32
     skip_bad: bool = False  # count and skip malformed JSONL lines instead of stopping
 
@@ -96,8 +106,11 @@ class TrainConfig:
             _check_fields(section, where)
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise TrainerInputError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
-        if self.data.source not in ("generate", "random", "chat_lengths"):
-            raise TrainerInputError(f"data.source must be generate, random or chat_lengths, not {self.data.source!r}")
+        if self.data.source not in ("generate", "corpus", "random", "chat_lengths"):
+            raise TrainerInputError(f"data.source must be generate, corpus, random or chat_lengths, not "
+                                    f"{self.data.source!r}")
+        if self.drafter.context not in ("target", "zeros"):
+            raise TrainerInputError(f"drafter.context must be target or zeros, not {self.drafter.context!r}")
         if self.drafter.block_size < 2:
             raise TrainerInputError("drafter.block_size must be at least 2 (an anchor and one predicted token)")
         if self.num_anchors < 1 or self.batch_size < 1:
@@ -150,6 +163,7 @@ BOUNDS = {
     "data.prompt_len": (1, None), "data.sample_temperature": POSITIVE, "data.ban_recent": (0, None),
     "data.eval_sequences": (1, None),
 }
+LIST_MINIMUM = {"data.buckets": 2, "drafter.target_layer_ids": 0}  # lengths hold a token; layer ids count from 0
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,), "list[int]": (list,)}
 
 
@@ -165,8 +179,10 @@ def _check_fields(section, where: str) -> None:
             raise TrainerInputError(f"config {name} must be {' or '.join(kinds)}, not {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise TrainerInputError(f"config {name} must be a finite number, not {value!r}")
-        if isinstance(value, list) and not all(isinstance(v, int) and not isinstance(v, bool) and v >= 2 for v in value):
-            raise TrainerInputError(f"config {name} must be a list of whole lengths of at least 2, not {value!r}")
+        least = LIST_MINIMUM.get(name, 0)
+        if isinstance(value, list) and not all(isinstance(v, int) and not isinstance(v, bool) and v >= least
+                                               for v in value):
+            raise TrainerInputError(f"config {name} must be a list of whole numbers of at least {least}, not {value!r}")
         low, high, *excluded = BOUNDS.get(name, (None, None))
         if (low is not None and (value <= low if excluded else value < low)) or (high is not None and value > high):
             bound = ("greater than" if excluded else "at least") + f" {low}" + (f" and at most {high}" if high else "")
@@ -224,6 +240,22 @@ def tiny() -> TrainConfig:
     )
 
 
+def code() -> TrainConfig:
+    """A drafter for a target that has learned something: code_tiny, trained here on the stdlib sources (built
+    the first time, about two minutes), continuing prompts cut from its training files; the walk runs on
+    prompts from held-out files."""
+    return TrainConfig(
+        preset="code",
+        target=TargetConfig(recipe="code_tiny", vocab_size=1024, hidden_size=128, intermediate_size=384,
+                            num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32),
+        drafter=DrafterConfig(num_layers=1, block_size=8, gamma=4.0),
+        data=DataConfig(source="corpus", buckets=[64, 128], num_sequences=2048, prompt_len=32, greedy=True,
+                        eval_sequences=32),
+        batch_size=8, num_anchors=16, steps=1500, lr=5e-3, log_every=50, eval_every=500, ckpt_every=500,
+        compile=True,
+    )
+
+
 def qwen3_8b() -> TrainConfig:
     """Qwen3-8B's real shapes with random weights: a faithful GPU workload that needs no download."""
     return TrainConfig(
@@ -239,7 +271,7 @@ def qwen3_8b() -> TrainConfig:
     )
 
 
-PRESETS = {"tiny": tiny, "qwen3_8b": qwen3_8b}
+PRESETS = {"tiny": tiny, "code": code, "qwen3_8b": qwen3_8b}
 SECTIONS = {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig}
 
 

@@ -179,21 +179,51 @@ def _row(line: bytes, cfg: DataConfig, vocab_size: int | None, tokenizer) -> Seq
         if not isinstance(mask, list) or len(mask) != len(ids):
             raise ValueError("loss_mask and input_ids differ in length")
         return Sequence(ids, [int(bool(m)) for m in mask])
+    if "text" in row:
+        if tokenizer is None:
+            raise TrainerInputError("text data needs a tokenizer; give --tokenizer PATH or --target PATH")
+        if not isinstance(row["text"], str):
+            raise ValueError("text must be a string")
+        return _text_tokens(tokenizer, row["text"], vocab_size)
     if "conversations" in row:
         if tokenizer is None:
             raise TrainerInputError("conversation data needs a tokenizer; give --tokenizer PATH or --target PATH")
         seq = _conversation_tokens(tokenizer, row["conversations"], cfg.chat_template_kwargs)
         _token_ids(seq.input_ids, vocab_size, "the tokenized conversation")
         return seq
-    raise ValueError("expected `input_ids` or `conversations`")
+    raise ValueError("expected `input_ids`, `text` or `conversations`")
+
+
+def _text_tokens(tokenizer, text: str, vocab_size: int | None) -> Sequence:
+    """Plain text, every token supervised (no prompt: the drafter learns the text as it is)."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    _token_ids(ids, vocab_size, "the tokenized text")
+    return Sequence(ids, [1] * len(ids))
+
+
+def load_text(path: str, cfg: DataConfig, block_size: int, tokenizer, vocab_size: int | None = None) -> Dataset:
+    """A plain text file (UTF-8): cut into documents of the largest bucket's length."""
+    if tokenizer is None:
+        raise TrainerInputError("text data needs a tokenizer; give --tokenizer PATH or --target PATH")
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TrainerInputError(f"{path} is not UTF-8 text ({exc}); give UTF-8 text or JSONL") from None
+    whole = _text_tokens(tokenizer, text, vocab_size)
+    size = cfg.buckets[-1]
+    pieces = [Sequence(whole.input_ids[i:i + size], whole.loss_mask[i:i + size])
+              for i in range(0, len(whole.input_ids), size)]
+    return _finish(pieces, cfg, block_size)
 
 
 def load_jsonl(path: str, cfg: DataConfig, block_size: int, tokenizer=None, vocab_size: int | None = None) -> Dataset:
     """Every line checked where it is read (JSON, UTF-8, token ids within the vocabulary); a bad line names its
-    file and line, or with --skip-bad is counted and skipped."""
+    file and line, or with --skip-bad is counted and skipped. A file not named .jsonl or .json is plain text."""
     file = Path(path)
     if not file.is_file():
         raise TrainerInputError(f"data file {path} does not exist or is not a regular file")
+    if file.suffix not in (".jsonl", ".json"):
+        return load_text(path, cfg, block_size, tokenizer, vocab_size)
     raw, bad = [], 0
     with file.open("rb") as handle:
         for lineno, line in enumerate(handle, 1):
@@ -212,10 +242,12 @@ def load_jsonl(path: str, cfg: DataConfig, block_size: int, tokenizer=None, voca
 
 @torch.no_grad()
 def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int, block_size: int,
-             device="cpu") -> Dataset:
-    """Sequences continued by the target itself: softmax(temperature x logits), banning the mask token and
-    tokens seen in the last `ban_recent` positions (plain greedy decoding of a random target collapses
-    into repetition that trivial copy rules predict better than any drafter)."""
+             device="cpu", prompts: list[list[int]] | None = None) -> Dataset:
+    """Sequences continued by the target itself, never with the mask token: greedily for a trained target
+    (what serving verifies against), else sampled from softmax(temperature x logits) banning tokens seen
+    in the last `ban_recent` positions (plain greedy decoding of a random target collapses into
+    repetition that trivial copy rules predict better than any drafter). Prompts are random tokens
+    unless given (`prompt_len` tokens each)."""
     from transformers import DynamicCache
 
     generator = torch.Generator().manual_seed(seed)
@@ -224,21 +256,28 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
     lengths = torch.randint(max(block_size + cfg.prompt_len + 1, cfg.buckets[0] // 2), max_len + 1, (count,),
                             generator=generator)
     sequences = []
-    chunk = 256  # sequences decoded together: fewer, larger forward calls
+    # Sequences decoded together: fewer, larger forward calls (a GPU holds a larger batch's KV cache).
+    chunk = 1024 if torch.device(device).type == "cuda" else 256
     for start in range(0, count, chunk):
         n = min(chunk, count - start)
-        tokens = torch.randint(vocab, (n, cfg.prompt_len), generator=generator)
-        tokens[tokens == mask_token_id] = 0
+        if prompts is None:
+            tokens = torch.randint(vocab, (n, cfg.prompt_len), generator=generator)
+            tokens[tokens == mask_token_id] = 0
+        else:
+            tokens = torch.tensor(prompts[start:start + n], dtype=torch.long)
         cache = DynamicCache()
         step_input = tokens
         for _ in range(max_len - cfg.prompt_len):
             logits = target(input_ids=step_input.to(device), past_key_values=cache, use_cache=True).logits[:, -1]
-            logits = logits.float().cpu() * cfg.sample_temperature
+            logits = logits.float().cpu()
             logits[:, mask_token_id] = float("-inf")
-            recent = tokens[:, -cfg.ban_recent:]
-            logits.scatter_(1, recent, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)
+            if cfg.greedy:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits *= cfg.sample_temperature
+                if cfg.ban_recent:
+                    logits.scatter_(1, tokens[:, -cfg.ban_recent:], float("-inf"))
+                nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
             tokens = torch.cat([tokens, nxt], dim=1)
             step_input = nxt
         for row in range(n):

@@ -2,8 +2,9 @@
 
 DIR/config.json      a Qwen3 config of the drafter with `architectures: ["DFlashDraftModel"]` and `dflash_config`
 DIR/model.safetensors the drafter's weights under the reference's parameter names (no embedding, no LM head)
-DIR/target/          for a random target (presets): the frozen target exactly as trained against, with the
-                     run's tokenizer when it had one
+DIR/target/          for a random or recipe-built target (presets): the frozen target exactly as trained
+                     against, with the run's tokenizer when it had one
+DIR/README.md        the model card: target, data, training, walk figures, how to serve it (trainer/modelcard.py)
 DIR/envkit-export.json what was exported from where (training config, chat template kwargs, digests)
 """
 
@@ -13,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
 import stat
 import tempfile
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from trainer import modelcard
 from trainer.config import TrainConfig
 from trainer.errors import TrainerInputError
 
@@ -111,6 +114,16 @@ def _rebuild_target(cfg: TrainConfig, recorded: dict) -> torch.nn.Module:
         raise TrainerInputError("the rebuilt random target differs from the one the drafter was trained against "
                                 "(another torch version or device?); export with the run's venv on its machine")
     return model.to("cpu")
+
+
+def _target_record(cfg: TrainConfig) -> dict | None:
+    """The build record of a recipe target (trainer/maketarget.py), for the model card."""
+    if cfg.target.path or not cfg.target.recipe:
+        return None
+    from trainer import maketarget
+    from trainer.target import target_dir
+
+    return maketarget.read_manifest(Path(target_dir(cfg.target)))
 
 
 def file_sha256(path: Path) -> str:
@@ -248,6 +261,9 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(meta["tokenizer"], local_files_only=True).save_pretrained(target_dir or tmp)
+        (tmp / "README.md").write_text(modelcard.render(
+            cfg, state["step"], state["layer_ids"], state["mask_token_id"], modelcard.read_summary(Path(ckpt).parent),
+            _target_record(cfg), meta["dtype"]))
         manifest = {
             "format": "dflash", "checkpoint": str(Path(ckpt).absolute()), "step": state["step"],
             "target": "target/" if target_dir else cfg.target.path, "tokenizer": meta["tokenizer"],
@@ -260,4 +276,6 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
     except BaseException:  # SIGTERM too: `python -m trainer export` turns it into an exception
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {**manifest, "out": str(out)}
+    target = str(out / "target") if manifest["target"] == "target/" else str(manifest["target"])
+    serve = modelcard.serve_commands(shlex.quote(target), shlex.quote(str(out)), cfg.drafter.block_size)
+    return {**manifest, "out": str(out), "serve": serve}

@@ -23,7 +23,7 @@ import torch
 from trainer import checkpoint, data as datasets, evaluate, threadsafe, walk
 from trainer.board import Board
 from trainer.config import TrainConfig
-from trainer.errors import NonFiniteLoss
+from trainer.errors import NonFiniteLoss, TrainerInputError
 from trainer.executors import SequentialExecutor, StepResult, ThreadedExecutor
 from trainer.export import weights_checksum
 from trainer.gradients import any_rank, max_across_ranks, sum_across_ranks, weights_digest
@@ -228,6 +228,7 @@ class Trainer:
         self.save_checkpoint()
         final_walk = self.evaluate_walk()
         self._log_walk(final_walk)
+        self._log_walk_example(final_walk["walk_tau_by_prompt"])
         return self.summary(first_eval, final_eval, final_walk, counters)
 
     def _stop_requested(self) -> bool:
@@ -279,19 +280,50 @@ class Trainer:
             prompts.append(seq.input_ids[: max(1, first)])
         return prompts
 
-    def evaluate_walk(self) -> dict:
-        """Greedy speculative decoding with the drafter and the two no-learning rules, each checked lossless."""
+    def evaluate_walk(self, taps: list[int] | None = None, zero_context: bool = False) -> dict:
+        """Greedy speculative decoding with the drafter and the two no-learning rules, each checked lossless.
+        `taps` (other target layers than trained with) and `zero_context` feed the drafter wrong context
+        features: the ablations that show whether its acceptance comes from the target."""
         setup = self.setup
+        if taps is not None and len(taps) != len(setup.layer_ids):
+            raise TrainerInputError(f"--taps needs {len(setup.layer_ids)} layer ids (the drafter was trained on "
+                                    f"{setup.layer_ids}), not {taps}")
+        if taps is not None and not all(0 <= t < self.cfg.target.num_layers for t in taps):
+            raise TrainerInputError(f"--taps {taps} outside the target's {self.cfg.target.num_layers} layers")
         with self.monitor.excluding(), torch.no_grad():
             replica, block = setup.replica, self.cfg.drafter.block_size
             replica.drafter.eval()
             proposers = {
                 "drafter": walk.drafter_proposer(replica.drafter, replica.attention, replica.embed_weight,
-                                                 replica.head_weight, setup.mask_token_id, setup.dtype),
+                                                 replica.head_weight, setup.mask_token_id, setup.dtype,
+                                                 zero_context=zero_context or self.cfg.drafter.context == "zeros"),
                 "repeat": walk.repeat_proposer(block), "copy": walk.copy_proposer(block)}
             result = walk.evaluate_walk(setup.target, proposers, self.walk_prompts(), self.cfg.walk_new_tokens, block,
-                                        setup.layer_ids, setup.dtype)
+                                        setup.layer_ids if taps is None else taps, setup.dtype)
         return {"step": self.step_count, "eval": True, "method": "walk", **result}
+
+    def _log_walk_example(self, tau_by_prompt: list[float]) -> None:
+        """The walk of the held-out prompt with the median acceptance, drafted blocks marked accepted or
+        rejected: what speculation did, for data with a tokenizer to show it."""
+        setup = self.setup
+        if not setup.tokenizer_path or not tau_by_prompt:
+            return
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer_path, local_files_only=True)
+        replica, block = setup.replica, self.cfg.drafter.block_size
+        index = sorted(range(len(tau_by_prompt)), key=tau_by_prompt.__getitem__)[len(tau_by_prompt) // 2]
+        prompt = self.walk_prompts()[index]
+        trace: list[walk.Forward] = []
+        with self.monitor.excluding(), torch.no_grad():
+            propose = walk.drafter_proposer(replica.drafter, replica.attention, replica.embed_weight,
+                                            replica.head_weight, setup.mask_token_id, setup.dtype,
+                                            zero_context=self.cfg.drafter.context == "zeros")
+            walk.walk(setup.target, propose, prompt, self.cfg.walk_new_tokens, block, setup.layer_ids, trace)
+        self.log(f"walk example (held-out prompt {index + 1}, the median: {tau_by_prompt[index]:.2f} tokens per "
+                 f"target forward; {len(trace)} forwards):")
+        for line in walk.render_example(tokenizer, prompt, trace):
+            self.log("  " + line)
 
     def summary(self, first_eval: dict, final_eval: dict, final_walk: dict, counters: dict) -> dict:
         tau = final_eval["acceptance_length"]
@@ -299,7 +331,8 @@ class Trainer:
         last_row = self._last_row
         return {"summary": True, "walk_tau": walk_tau, "walk_repeat_tau": final_walk["walk_repeat_tau"],
                 "walk_copy_tau": final_walk["walk_copy_tau"], "walk_method": final_walk["walk_method"],
-                "walk_prompts": final_walk["walk_prompts"], "walk_near_ties": final_walk["walk_near_ties"],
+                "walk_prompts": final_walk["walk_prompts"], "walk_new_tokens": final_walk["walk_new_tokens"],
+                "walk_near_ties": final_walk["walk_near_ties"],
                 "tau_method": final_eval["tau_method"],
                 "steps": self.step_count, "loss_start": self.first_loss,
                 "loss_end": round(sum(self.recent_losses) / len(self.recent_losses), 5) if self.recent_losses else None,

@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer import data as datasets
+from trainer import corpus, data as datasets
 from trainer.config import TrainConfig, target_layer_ids
 from trainer.model import BACKENDS, build_drafter
 from trainer.replica import Replica
 from trainer.errors import TrainerInputError
-from trainer.target import build_target, sync_config_from_model
+from trainer.target import build_target, sync_config_from_model, target_dir
 
 
 @dataclass
@@ -75,8 +75,8 @@ def build(cfg: TrainConfig, *, drafters: list[str | None], targets: list[str | N
     drafter_devices = [pick_device(d) for d in drafters]
     target_devices = [pick_device(d) for d in targets]
     dtype = getattr(torch, cfg.dtype) if drafter_devices[0].type == "cuda" else torch.float32
-    target = build_target(cfg.target, device=target_devices[0], dtype=dtype)
-    if cfg.target.path:
+    target = build_target(cfg.target, device=target_devices[0], dtype=dtype, log=log)
+    if cfg.target.path or cfg.target.recipe:
         sync_config_from_model(cfg.target, target)
     tokenizer = load_tokenizer(cfg)
     mask_token_id = resolve_mask_token(cfg, tokenizer, target.get_input_embeddings().weight.shape[0])
@@ -103,7 +103,10 @@ def tapped_layers(cfg: TrainConfig) -> list[int]:
 
 
 def tokenizer_source(cfg: TrainConfig) -> str | None:
-    return cfg.data.tokenizer or (cfg.target.path if cfg.data.path else None)
+    """--tokenizer; else the target's own dir when the data is text (a file, or the corpus)."""
+    if cfg.data.tokenizer:
+        return cfg.data.tokenizer
+    return target_dir(cfg.target) if cfg.data.path or cfg.data.source == "corpus" else None
 
 
 def load_tokenizer(cfg: TrainConfig):
@@ -114,7 +117,7 @@ def load_tokenizer(cfg: TrainConfig):
         raise TrainerInputError(f"tokenizer path {source} is not a directory; give --tokenizer PATH")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source)
+    return AutoTokenizer.from_pretrained(source, local_files_only=True)
 
 
 def resolve_mask_token(cfg: TrainConfig, tokenizer, embedding_rows: int) -> int:
@@ -146,6 +149,20 @@ def build_datasets(cfg: TrainConfig, tokenizer, target: nn.Module, mask_token_id
         train = datasets.Dataset(train.sequences[:-held] or train.sequences, cfg.data.buckets,
                                  dropped_short=train.dropped_short, truncated=train.truncated,
                                  skipped_bad=train.skipped_bad)
+    elif cfg.data.source == "corpus":
+        if tokenizer is None:
+            raise TrainerInputError("data.source corpus needs a tokenizer: a recipe target (--preset code), or "
+                                    "--target/--tokenizer PATH")
+        started = time.perf_counter()
+        device = device_of(target)
+        train = datasets.generate(target, cfg.data, cfg.data.num_sequences, mask_token_id, cfg.seed + 1, block, device,
+                                  prompts=corpus.prompts(tokenizer, False, cfg.data.num_sequences,
+                                                              cfg.data.prompt_len, cfg.seed + 1))
+        eval_data = datasets.generate(target, cfg.data, cfg.data.eval_sequences, mask_token_id, cfg.seed + 2, block,
+                                      device, prompts=corpus.prompts(tokenizer, True, cfg.data.eval_sequences,
+                                                                         cfg.data.prompt_len, cfg.seed + 2))
+        log(f"continued {len(train.sequences)} training prompts and {len(eval_data.sequences)} held-out prompts "
+            f"from the stdlib corpus with the target in {time.perf_counter() - started:.1f}s")
     elif cfg.data.source in ("random", "chat_lengths"):
         vocab = cfg.target.vocab_size
         train = datasets.random_tokens(cfg.data, cfg.data.num_sequences, vocab, mask_token_id, cfg.seed + 1, block)

@@ -48,6 +48,8 @@ def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=
         tapped = tapped_states(target_model, batch["input_ids"], None, setup.layer_ids, batch["positions"], doc_ids)
     else:
         tapped = tapped_states(target_model, batch["input_ids"], batch["attention_mask"], setup.layer_ids)
+    if cfg.drafter.context == "zeros":  # the ablation: what the drafter learns without the target's features
+        tapped = torch.zeros_like(tapped)
     block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,
                                                cfg.drafter.block_size, cfg.drafter.gamma, setup.mask_token_id)
     return tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"]

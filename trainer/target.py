@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import threading
 from pathlib import Path
 
 import torch
@@ -23,16 +25,38 @@ def _qwen3_config(cfg: TargetConfig):
                        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False)
 
 
+def quiet_transformers() -> None:
+    """No progress bars from transformers: they write carriage returns into run logs and the terminal."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def target_dir(cfg: TargetConfig, log=print) -> str | None:
+    """The target's model dir: the configured path, or a recipe's built target (built here on first use);
+    None for a random target."""
+    if cfg.path:
+        return cfg.path
+    if cfg.recipe:
+        from trainer import maketarget
+
+        return str(maketarget.ensure(cfg.recipe, log=log))
+    return None
+
+
 def build_target(cfg: TargetConfig, *, device: str | torch.device = "cpu", dtype=torch.float32,
-                 meta: bool = False) -> nn.Module:
-    """From a local path (from_pretrained), or from the config with random weights from a fixed seed."""
+                 meta: bool = False, log=print) -> nn.Module:
+    """From a local path or a built recipe (from_pretrained), or from the config with random weights from a
+    fixed seed."""
     from transformers import AutoModelForCausalLM
 
-    if cfg.path:
-        if not Path(cfg.path).is_dir():
-            raise TrainerInputError(f"target path {cfg.path} is not a directory; give a local HF model dir with --target")
-        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype,
-                                                     attn_implementation=target_attention.install())
+    quiet_transformers()
+    path = target_dir(cfg, log)
+    if path:
+        if not Path(path).is_dir():
+            raise TrainerInputError(f"target path {path} is not a directory; give a local HF model dir with --target")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=target_attention.install(),
+                                                     local_files_only=True)
     else:
         config = _qwen3_config(cfg)
         config._attn_implementation = target_attention.install()
@@ -87,11 +111,10 @@ def _has_sliding_layers(model: nn.Module) -> bool:
 def up_to_layer(model: nn.Module, last: int) -> nn.Module:
     """The target's decoder stopped after layer `last`: the layers past the last tapped one feed nothing the
     drafter reads (on qwen3_8b, taps 1..33 of 36 leave two layers, ~5% of the step). A view sharing the
-    model's weights, made once per model; the final norm is an identity, since transformers reports the
-    normed output as the last hidden state and that would be the tapped layer's. The full model stays for
-    the decoding walk, which needs logits."""
+    model's weights, made once per model, whose output nobody reads: the taps are recorded by hooks on the
+    layers (`recorded_taps`). The full model stays for the decoding walk, which needs logits."""
     if last >= len(model.model.layers) - 1:
-        return model.model  # the last layer itself is tapped: its reported state is the normed one, keep it
+        return model.model
     views = model.__dict__.setdefault("_envkit_views", {})
     if last not in views:
         base = model.model
@@ -101,6 +124,48 @@ def up_to_layer(model: nn.Module, last: int) -> nn.Module:
         view.norm = nn.Identity()
         views[last] = view
     return views[last]
+
+
+# The tapped layers' outputs are recorded by forward hooks of our own, not read from transformers'
+# `output_hidden_states`: transformers 5 records those by hooks it installs on the layers once per model
+# object, and the view above is another object over the same layers, so after the view ran, the full
+# model reported each shared layer twice and `hidden_states[i + 1]` was an earlier layer's output (the
+# walk read layer 1 for layer 2 on code_tiny; random targets' layers are too alike to show it).
+_recording = threading.local()
+
+
+def _install_tap_hooks(model: nn.Module) -> None:
+    if "_envkit_tap_hooks" in model.__dict__:
+        return
+
+    def hook(index: int):
+        def record(module, args, output):
+            box = getattr(_recording, "box", None)
+            if box is not None and index in box["want"]:
+                box["got"][index] = output[0] if isinstance(output, tuple) else output
+        return record
+
+    model.__dict__["_envkit_tap_hooks"] = [layer.register_forward_hook(hook(i))
+                                           for i, layer in enumerate(model.model.layers)]
+
+
+@contextlib.contextmanager
+def recorded_taps(model: nn.Module, layer_ids: list[int]):
+    """Within: forwards of `model` (or its views) record the outputs of the layers `layer_ids`, in this thread.
+    Yields a function returning them concatenated (B, S, taps*H), as the reference reads them from
+    `hidden_states[i + 1]`: the last layer's output after the final norm."""
+    _install_tap_hooks(model)
+    box = {"want": set(layer_ids), "got": {}}
+    _recording.box = box
+    last = len(model.model.layers) - 1
+
+    def states() -> torch.Tensor:
+        return torch.cat([model.model.norm(box["got"][i]) if i == last else box["got"][i] for i in layer_ids], dim=-1)
+
+    try:
+        yield states
+    finally:
+        _recording.box = None
 
 
 @torch.no_grad()
@@ -117,7 +182,7 @@ def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     if doc_ids is not None and not _has_sliding_layers(model):
         # A ready mask mapping goes to the layers as is: no dense mask is built.
         attention_mask = {"full_attention": target_attention.document_mask(doc_ids)}
-    out = up_to_layer(model, max(layer_ids))(input_ids=input_ids, attention_mask=attention_mask,
-                                             position_ids=position_ids, output_hidden_states=True, use_cache=False)
-    # hidden_states[0] is the embedding output; decoder layer i's output is hidden_states[i + 1].
-    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    with recorded_taps(model, layer_ids) as states:
+        up_to_layer(model, max(layer_ids))(input_ids=input_ids, attention_mask=attention_mask,
+                                           position_ids=position_ids, use_cache=False)
+        return states()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.evaluate import copy_baseline
+from trainer.target import recorded_taps
 
 WALK_METHOD = "greedy speculative decoding walk: accepted + 1 per target forward, mean of per-prompt means"
 # A mismatch whose two candidates' target logits differ by less than this is rounding, not a bug.
@@ -39,10 +40,9 @@ class TargetPass:
 
 def target_pass(target, tokens: list[int], layer_ids: list[int]) -> TargetPass:
     device = next(target.parameters()).device
-    out = target(input_ids=torch.tensor([tokens], device=device), output_hidden_states=True, use_cache=False)
-    # hidden_states[0] is the embedding output; decoder layer i's output is hidden_states[i + 1].
-    context = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
-    return TargetPass(out.logits[0].float(), context)
+    with recorded_taps(target, layer_ids) as states:
+        out = target(input_ids=torch.tensor([tokens], device=device), use_cache=False)
+        return TargetPass(out.logits[0].float(), states())
 
 
 def greedy_continuation(target, prompt: list[int], new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -71,12 +71,15 @@ def copy_proposer(block_size: int):
 
 
 def drafter_proposer(drafter, attention, embed_weight: torch.Tensor, head_weight: torch.Tensor, mask_token_id: int,
-                     dtype: torch.dtype):
-    """Draft with the trainer's drafter: context = tapped states of every position before the anchor."""
+                     dtype: torch.dtype, zero_context: bool = False):
+    """Draft with the trainer's drafter: context = tapped states of every position before the anchor (zeros
+    for a drafter trained with drafter.context "zeros")."""
     block_size = drafter.block_size
 
     def propose(tokens: list[int], context: torch.Tensor) -> list[int]:
         device = embed_weight.device
+        if zero_context:
+            context = torch.zeros_like(context)
         anchor = len(tokens) - 1
         block = torch.tensor([[tokens[-1]] + [mask_token_id] * (block_size - 1)], device=device)  # (1, bs)
         anchors = torch.tensor([[anchor]], device=device)  # (1, 1)
@@ -89,10 +92,19 @@ def drafter_proposer(drafter, attention, embed_weight: torch.Tensor, head_weight
     return propose
 
 
+@dataclass
+class Forward:
+    """One verification forward of a walk: the drafted block, how much of it the target accepted, and the
+    token the target chose itself after the accepted prefix."""
+    draft: list[int]
+    accepted: int
+    target_token: int
+
+
 @torch.no_grad()
 def walk(target, propose, prompt: list[int], new_tokens: int, block_size: int,
-         layer_ids: list[int]) -> tuple[list[int], list[int]]:
-    """One prompt's walk: -> (accepted + 1) per target forward. Checks the output against greedy decoding."""
+         layer_ids: list[int], trace: list[Forward] | None = None) -> tuple[list[int], list[int]]:
+    """One prompt's walk: -> (accepted + 1) per target forward, each forward appended to `trace` when given."""
     first = target_pass(target, prompt, layer_ids)
     tokens = list(prompt) + [int(first.logits[-1].argmax())]
     context = first.context
@@ -110,6 +122,8 @@ def walk(target, propose, prompt: list[int], new_tokens: int, block_size: int,
         produced = min(accepted + 1, room)
         tokens += (draft[:accepted] + [posterior[accepted]])[:produced]
         per_forward.append(produced)
+        if trace is not None:
+            trace.append(Forward(draft, accepted, posterior[accepted]))
         # Causal: the states of the positions kept are exact; the rest is recomputed next step.
         context = verified.context[:, : len(tokens) - 1]
     return tokens[len(prompt):len(prompt) + new_tokens], per_forward
@@ -151,4 +165,21 @@ def evaluate_walk(target, proposers: dict, prompts: list[list[int]], new_tokens:
 
     return {"walk_tau": mean(per_prompt["drafter"]), "walk_repeat_tau": mean(per_prompt["repeat"]),
             "walk_copy_tau": mean(per_prompt["copy"]), "walk_prompts": len(prompts), "walk_new_tokens": new_tokens,
-            "walk_near_ties": near_ties, "walk_method": WALK_METHOD}
+            "walk_near_ties": near_ties, "walk_method": WALK_METHOD,
+            "walk_tau_by_prompt": [round(tau, 3) for tau in per_prompt["drafter"]]}
+
+
+def render_example(tokenizer, prompt: list[int], trace: list[Forward], limit: int = 12) -> list[str]:
+    """A walk as a person reads it: per target forward, the drafted tokens the target accepted, those it
+    rejected, and its own next token. Text is shown as Python literals, so nothing reaches a terminal raw."""
+    def text(ids: list[int]) -> str:
+        return repr(tokenizer.decode([max(i, 0) for i in ids]))
+
+    lines = [f"prompt {text(prompt[-24:])}"]
+    for index, step in enumerate(trace[:limit], 1):
+        rejected = step.draft[step.accepted:]
+        lines.append(f"forward {index:2d}: accepted {text(step.draft[:step.accepted]):<28} rejected "
+                     f"{text(rejected):<28} target {text([step.target_token])}")
+    if len(trace) > limit:
+        lines.append(f"... {len(trace) - limit} more forwards")
+    return lines

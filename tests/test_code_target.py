@@ -1,0 +1,181 @@
+"""A target that has learned something: code_tiny, trained here on the stdlib sources, and the `code` preset
+end to end (target built on first use and reused, held-out walk, example, export card, reference decoding),
+plus the ablation that shows the drafter's acceptance comes from the target's features."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_envkit
+from trainer import corpus
+
+# Fewer steps than the preset's 1500 keep the suite short; the preset's own figures are in bench/RESULTS.md.
+RUN_STEPS = 600
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def test_corpus_split_is_by_file_deterministic_and_disjoint():
+    files = corpus.files()
+    held = {f.relpath for f in files if f.held_out}
+    train = {f.relpath for f in files if not f.held_out}
+    assert held and train and not held & train
+    assert 0.05 < len(held) / len(files) < 0.2
+    assert [f.relpath for f in corpus.files()] == [f.relpath for f in files]  # the same order every time
+    assert not any(part in corpus.SKIPPED_DIRS for f in files for part in f.relpath.split("/")[:-1])
+    assert corpus.digest(files) == corpus.digest(corpus.files())
+
+
+@pytest.fixture(scope="module")
+def code_run(tmp_path_factory, cpu_venv):
+    """`envkit train --preset code` in a home with no target yet: the first run builds code_tiny."""
+    tmp = tmp_path_factory.mktemp("code-run")
+    env = dict(os.environ, ENVKIT_HOME=str(tmp / "home"), ENVKIT_RUNS_DIR=str(tmp / "runs"),
+               ENVKIT_CACHE_DIR=str(tmp / "cache"))
+    proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "code", "--name", "code", "--",
+                      "--steps", str(RUN_STEPS), env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    targets = list((tmp / "home" / "targets").glob("code_tiny-*"))
+    assert len(targets) == 1, targets
+    return tmp / "runs" / "code", env, proc.stdout, targets[0]
+
+
+@pytest.mark.slow
+def test_code_preset_builds_a_loadable_target_and_its_drafter_beats_the_rules(code_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir, env, stdout, target_dir = code_run
+    assert "building it once" in stdout
+    record = json.loads((target_dir / "envkit-target.json").read_text())
+    held_out = set(record["corpus"]["held_out"])
+    assert held_out == {f.relpath for f in corpus.files() if f.held_out}
+    assert record["held_out_loss"] < 4.5  # uniform over 1,024 tokens is 6.93: it learned code
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    assert model.config.num_hidden_layers == 4 and len(tokenizer) == model.config.vocab_size == 1024
+    assert tokenizer.decode(tokenizer("def f(x):\n    return x")["input_ids"]) == "def f(x):\n    return x"
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["beats_baselines"], summary
+    assert summary["walk_tau"] > 1.2 * max(summary["walk_copy_tau"], summary["walk_repeat_tau"]), summary
+    assert "walk example (held-out prompt " in stdout and "accepted" in stdout and "rejected" in stdout
+    assert "\r" not in (run_dir / "train.log").read_text()  # no progress bars in the log
+
+
+@pytest.mark.slow
+def test_a_second_code_run_reuses_the_target_and_a_changed_one_is_refused(code_run, cpu_venv):
+    run_dir, env, _, target_dir = code_run
+    built = (target_dir / "model.safetensors").stat().st_mtime_ns
+    proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "code", "--name", "again", "--",
+                      "--steps", "5", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "building it once" not in proc.stdout
+    assert (target_dir / "model.safetensors").stat().st_mtime_ns == built
+
+    tokenizer = target_dir / "tokenizer.json"
+    original = tokenizer.read_bytes()
+    try:
+        tokenizer.write_bytes(original.replace(b'"<|mask|>"', b'"<|MASK|>"'))
+        proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "code", "--name", "edited", "--",
+                          "--steps", "5", env=env, timeout=900)
+        assert proc.returncode != 0
+        assert "changed since it was built (tokenizer.json)" in proc.stdout + proc.stderr
+    finally:
+        tokenizer.write_bytes(original)
+
+
+@pytest.mark.slow
+def test_code_export_has_a_card_and_the_reference_decodes_it_with_the_walks_acceptance(code_run, tmp_path):
+    torch = pytest.importorskip("torch")
+    dflash_model = pytest.importorskip("dflash.model", reason="make test installs the reference dflash (--no-deps)")
+    dflash_model._cuda_time = time.perf_counter  # it times itself with cuda.synchronize(); not on a CPU torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir, env, _, _ = code_run
+    out = tmp_path / "served"
+    proc = run_envkit("export", "code", "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"--speculative-draft-model-path {out}" in proc.stdout
+    assert '"method": "dflash"' in proc.stdout and '"num_speculative_tokens": 7' in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    card = (out / "README.md").read_text()
+    assert f"{summary['walk_tau']:.2f} tokens per target forward" in card
+    assert "`code_tiny`" in card and "standard library" in card and f"{RUN_STEPS} steps" in card
+    assert "README.md" in json.loads((out / "envkit-export.json").read_text())["files"]
+
+    draft, info = dflash_model.DFlashDraftModel.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
+    target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
+    tokenizer = AutoTokenizer.from_pretrained(out / "target")
+    config = json.loads((run_dir / "config.json").read_text())
+    data = config["data"]
+    # The walk's prompts: the first held-out prompts the run cut from the corpus (seed + 2).
+    prompts = corpus.prompts(tokenizer, True, data["eval_sequences"], data["prompt_len"], config["seed"] + 2)
+    prompts = prompts[: summary["walk_prompts"]]
+    per_prompt = []
+    for prompt in prompts:
+        result = dflash_model.dflash_generate(draft.eval(), target, torch.tensor([prompt]),
+                                              max_new_tokens=config["walk_new_tokens"], stop_token_ids=None,
+                                              return_stats=True)
+        greedy = target.generate(torch.tensor([prompt]), max_new_tokens=config["walk_new_tokens"], do_sample=False,
+                                 min_new_tokens=config["walk_new_tokens"])
+        assert result.output_ids[0, len(prompt):].tolist() == greedy[0, len(prompt):].tolist()  # lossless
+        per_prompt.append(sum(result.acceptance_lengths) / len(result.acceptance_lengths))
+    reference_tau = sum(per_prompt) / len(per_prompt)
+    assert abs(reference_tau - summary["walk_tau"]) < 0.05 * summary["walk_tau"], (reference_tau, summary)
+
+
+def _walk(ckpt: Path, *ablation: str, env: dict | None = None) -> float:
+    proc = subprocess.run([sys.executable, "-m", "trainer", "eval", "--ckpt", str(ckpt), "--walk", *ablation],
+                          capture_output=True, text=True, cwd=PROJECT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)["walk_tau"]
+
+
+@pytest.mark.slow
+def test_a_tap_error_costs_acceptance_on_the_trained_target(code_run):
+    """The drafter's walk fed another layer's states (a tap error) or zeros: on code_tiny it drafts clearly
+    worse, so the acceptance comes from the target's features and a wrong tap cannot go unseen."""
+    run_dir, env, _, _ = code_run
+    ckpt = run_dir / "checkpoint.pt"
+    right = _walk(ckpt, env=env)
+    assert right == json.loads((run_dir / "summary.json").read_text())["walk_tau"]  # the run's own walk
+    assert _walk(ckpt, "--taps", "0", env=env) <= 0.8 * right
+    assert _walk(ckpt, "--zero-context", env=env) <= 0.8 * right
+
+
+@pytest.mark.slow
+def test_a_tap_error_goes_unseen_on_a_random_target(tmp_path):
+    """Why the trained target is needed: the tiny random target's layers hold nearly the same states."""
+    out = tmp_path / "tiny"
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--preset", "tiny", "--out", str(out),
+                           "--steps", "300", "--no-compile"], capture_output=True, text=True, cwd=PROJECT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    right = _walk(out / "checkpoint.pt")
+    wrong = _walk(out / "checkpoint.pt", "--taps", "1")
+    assert abs(wrong - right) <= 0.1 * right, (right, wrong)
+
+
+def test_the_walk_reads_the_layer_it_names_after_the_truncated_target_ran():
+    """Regression: transformers 5 records hidden states with hooks installed per model object; after the
+    training path's truncated view ran, the full model reported shared layers twice and the walk read
+    layer 1's states for layer 2. Taps are now recorded by the trainer's own hooks."""
+    torch = pytest.importorskip("torch")
+    from trainer.config import tiny
+    from trainer.target import build_target, tapped_states
+    from trainer.walk import target_pass
+
+    cfg = tiny()
+    tokens = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(0))
+    fresh = build_target(cfg.target)(input_ids=tokens, output_hidden_states=True).hidden_states
+    model = build_target(cfg.target)
+    for layers in ([2], [1], [0, 3], [3]):
+        want = torch.cat([fresh[i + 1] for i in layers], dim=-1)
+        assert torch.allclose(tapped_states(model, tokens, None, layers), want, atol=1e-5)  # the view first
+        assert torch.allclose(target_pass(model, tokens[0].tolist(), layers).context, want, atol=1e-5)
