@@ -176,6 +176,11 @@ def cmd_eval(args) -> int:
 
     state = checkpoint.load(Path(args.ckpt))
     cfg = TrainConfig.from_dict(state["config"])
+    # Evaluation reads only the held-out data (its own seed): the training data is made as small as it may be.
+    # The drafter runs through SDPA, the same mask rule as flex: uncompiled flex is refused on CUDA, and a
+    # one-off evaluation would pay the compile.
+    cfg.data.num_sequences = min(cfg.data.num_sequences, cfg.batch_size)
+    cfg.attention, cfg.compile = "sdpa", False
     trainer = Trainer.sequential(cfg, Path(args.ckpt).parent, device=args.device,
                                  log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)

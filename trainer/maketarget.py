@@ -54,7 +54,7 @@ RECIPES = {
                         head_dim=32, seq_len=128, batch_size=32, steps=360, lr=3e-3, device="cpu"),
     "code_small": Recipe("about 220M parameters, 16 layers; minutes on one H200", vocab_size=8192,
                          hidden_size=1024, intermediate_size=3072, num_layers=16, num_heads=16, num_kv_heads=8,
-                         head_dim=64, seq_len=512, batch_size=64, steps=600, lr=4e-4, device="cuda",
+                         head_dim=64, seq_len=512, batch_size=64, steps=400, lr=3e-4, device="cuda",
                          dtype="bfloat16"),
 }
 
@@ -215,7 +215,7 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
     optimizer = torch.optim.AdamW(model.parameters(), lr=chosen.lr, betas=(0.9, 0.95), weight_decay=0.01)
     generator = torch.Generator().manual_seed(chosen.seed)
     warmup = max(1, chosen.steps // 12)
-    loss = float("nan")
+    loss, skipped = float("nan"), 0
     for step in range(chosen.steps):
         lr = chosen.lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / chosen.steps))
         for group in optimizer.param_groups:
@@ -224,17 +224,23 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
         with _autocast(chosen, device):
             step_loss = model(input_ids=batch, labels=batch).loss
         step_loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if torch.isfinite(norm):
+            optimizer.step()
+        else:  # one bad batch's gradients would make every weight NaN; skip it and say so
+            skipped += 1
         optimizer.zero_grad(set_to_none=True)
         if step % 40 == 0 or step == chosen.steps - 1:
             loss = float(step_loss.detach())
             if not math.isfinite(loss):  # nothing after it is worth writing
                 raise RuntimeError(f"target {name} diverged: loss {loss} at step {step + 1}; nothing was written")
             seconds = time.perf_counter() - started
-            log(f"target {name}: step {step + 1}/{chosen.steps} loss {loss:.3f} ({seconds:.0f}s)")
+            log(f"target {name}: step {step + 1}/{chosen.steps} loss {loss:.3f} ({seconds:.0f}s"
+                + (f", {skipped} steps skipped: non-finite gradients" if skipped else "") + ")")
     model.eval()
     held_loss = _heldout_loss(model, held_stream, chosen, device)
+    if not math.isfinite(held_loss):
+        raise RuntimeError(f"target {name}: the held-out loss is {held_loss}; nothing was written")
     log(f"target {name}: held-out loss {held_loss:.3f} (train {loss:.3f}) in {time.perf_counter() - started:.0f}s")
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -249,7 +255,7 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
                        "digest": corpus.digest(files), "train_files": len(train_files), "held_out_files": len(held_files),
                        "train_tokens": len(stream), "held_out_tokens": len(held_stream),
                        "held_out": [f.relpath for f in held_files]},
-            "train_loss": round(loss, 4), "held_out_loss": round(held_loss, 4),
+            "train_loss": round(loss, 4), "held_out_loss": round(held_loss, 4), "skipped_steps": skipped,
             "parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
             "seconds": round(time.perf_counter() - started, 1), "files": _file_digests(tmp),
         }
