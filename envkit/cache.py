@@ -29,6 +29,7 @@ from envkit.errors import CacheError
 from envkit.installed import installed_versions
 from envkit.trainer_process import run_trainer, trainer_args, trainer_command, trainer_env, trainer_failure
 from envkit.trainer_source import trainer_digest
+from envkit.text import printable
 from envkit.venv import Venv, write_json_atomic
 
 FINGERPRINT = "fingerprint.json"
@@ -215,6 +216,8 @@ def _stream_warmup(venv: Venv, args: list[str], env: dict[str, str], quiet: bool
                 if "progress" in record and not quiet:
                     print(_progress_bar(record["progress"], record["total"], record["bucket"], record["seconds"]),
                           end="", file=sys.stderr, flush=True)
+                elif "note" in record:  # lines, not a bar: shown on a pipe too (a build can take minutes)
+                    print(printable(f"warm-cache: {record['note']}"), file=sys.stderr, flush=True)
                 elif "buckets" in record:
                     final = record
             proc.wait()

@@ -223,7 +223,8 @@ def cmd_warmup(args) -> int:
     small.data.num_sequences = min(cfg.data.num_sequences, 4 * cfg.batch_size)
     small.data.eval_sequences = 1
     started = time.perf_counter()
-    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    # What the warm-up says (a target built on first use takes minutes) reaches envkit as JSON lines it shows.
+    log = lambda m: print(json.dumps({"note": m}), flush=True)  # noqa: E731
     if args.targets or args.drafters:  # a threaded layout compiles for every device it uses (the index is in the key)
         trainer = Trainer.threaded(small, Path(args.out), targets=(args.targets or args.drafters).split(","),
                                    drafters=(args.drafters or args.targets).split(","), log=log)

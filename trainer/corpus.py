@@ -13,6 +13,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.errors import TrainerInputError
+
 # Directories of the stdlib that are not the library itself (tests, demos, bundled installers, GUI)
 # or not ours at all (site-packages holds whatever the machine installed).
 SKIPPED_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "lib2to3",
@@ -83,5 +85,5 @@ def prompts(tokenizer, held_out: bool, count: int, length: int, seed: int) -> li
             start = rng.randrange(len(ids) - length)
             out.append(ids[start:start + length])
     if len(out) < count:
-        raise ValueError(f"the corpus has too few files longer than {length} tokens")
+        raise TrainerInputError(f"the corpus has too few files longer than {length} tokens; lower data.prompt_len")
     return out

@@ -291,16 +291,19 @@ class Trainer:
         if taps is not None and not all(0 <= t < self.cfg.target.num_layers for t in taps):
             raise TrainerInputError(f"--taps {taps} outside the target's {self.cfg.target.num_layers} layers")
         with self.monitor.excluding(), torch.no_grad():
-            replica, block = setup.replica, self.cfg.drafter.block_size
-            replica.drafter.eval()
-            proposers = {
-                "drafter": walk.drafter_proposer(replica.drafter, replica.attention, replica.embed_weight,
-                                                 replica.head_weight, setup.mask_token_id, setup.dtype,
-                                                 zero_context=zero_context or self.cfg.drafter.context == "zeros"),
-                "repeat": walk.repeat_proposer(block), "copy": walk.copy_proposer(block)}
+            block = self.cfg.drafter.block_size
+            proposers = {"drafter": self._drafter_proposer(zero_context), "repeat": walk.repeat_proposer(block),
+                         "copy": walk.copy_proposer(block)}
             result = walk.evaluate_walk(setup.target, proposers, self.walk_prompts(), self.cfg.walk_new_tokens, block,
                                         setup.layer_ids if taps is None else taps, setup.dtype)
         return {"step": self.step_count, "eval": True, "method": "walk", **result}
+
+    def _drafter_proposer(self, zero_context: bool = False):
+        replica = self.setup.replica
+        replica.drafter.eval()
+        return walk.drafter_proposer(replica.drafter, replica.attention, replica.embed_weight, replica.head_weight,
+                                     self.setup.mask_token_id, self.setup.dtype,
+                                     zero_context=zero_context or self.cfg.drafter.context == "zeros")
 
     def _log_walk_example(self, tau_by_prompt: list[float]) -> None:
         """The walk of the held-out prompt with the median acceptance, drafted blocks marked accepted or
@@ -311,15 +314,12 @@ class Trainer:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer_path, local_files_only=True)
-        replica, block = setup.replica, self.cfg.drafter.block_size
         index = sorted(range(len(tau_by_prompt)), key=tau_by_prompt.__getitem__)[len(tau_by_prompt) // 2]
         prompt = self.walk_prompts()[index]
         trace: list[walk.Forward] = []
         with self.monitor.excluding(), torch.no_grad():
-            propose = walk.drafter_proposer(replica.drafter, replica.attention, replica.embed_weight,
-                                            replica.head_weight, setup.mask_token_id, setup.dtype,
-                                            zero_context=self.cfg.drafter.context == "zeros")
-            walk.walk(setup.target, propose, prompt, self.cfg.walk_new_tokens, block, setup.layer_ids, trace)
+            walk.walk(setup.target, self._drafter_proposer(), prompt, self.cfg.walk_new_tokens,
+                      self.cfg.drafter.block_size, setup.layer_ids, trace)
         self.log(f"walk example (held-out prompt {index + 1}, the median: {tau_by_prompt[index]:.2f} tokens per "
                  f"target forward; {len(trace)} forwards):")
         for line in walk.render_example(tokenizer, prompt, trace):

@@ -98,8 +98,10 @@ def read_manifest(target_dir: Path) -> dict | None:
 def check_built(target_dir: Path) -> dict:
     """The target dir as its build left it: every recorded file present with its digest, nothing added."""
     record = read_manifest(target_dir)
-    if record is None or not isinstance(record.get("files"), dict):
-        raise TrainerInputError(f"{target_dir} has no readable {TARGET_MANIFEST}; remove it and build it again")
+    files = record.get("files") if record else None
+    if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
+        raise TrainerInputError(f"{target_dir} has no readable {TARGET_MANIFEST}; remove it (`rm -r {target_dir}`) "
+                                f"and it is built again on next use")
     found = _file_digests(target_dir)
     if found != record["files"]:
         changed = sorted(set(found.items()) ^ set(record["files"].items()))[0][0]
