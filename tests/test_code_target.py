@@ -179,3 +179,45 @@ def test_the_walk_reads_the_layer_it_names_after_the_truncated_target_ran():
         want = torch.cat([fresh[i + 1] for i in layers], dim=-1)
         assert torch.allclose(tapped_states(model, tokens, None, layers), want, atol=1e-5)  # the view first
         assert torch.allclose(target_pass(model, tokens[0].tolist(), layers).context, want, atol=1e-5)
+
+
+def test_text_data_and_corpus_prompts(tmp_path):
+    """The data paths for text: `{"text": ...}` JSONL and plain text files (every token supervised, cut to the
+    largest bucket), and corpus prompts: reproducible, each cut from a file of the split asked for."""
+    pytest.importorskip("torch")
+    from trainer import maketarget
+    from trainer.config import DataConfig
+    from trainer.data import load_jsonl
+    from trainer.errors import TrainerInputError
+
+    held = [f for f in corpus.files() if f.held_out][:4]
+    train = [f for f in corpus.files() if not f.held_out][:12]
+    tokenizer = maketarget._train_tokenizer([corpus.read(f) for f in train + held], 300)
+    cfg = DataConfig(buckets=[32, 64])
+
+    text = corpus.read(train[0])
+    (tmp_path / "code.txt").write_text(text)
+    data = load_jsonl(str(tmp_path / "code.txt"), cfg, 8, tokenizer, vocab_size=len(tokenizer))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert [t for seq in data.sequences for t in seq.input_ids] == ids[: sum(len(s.input_ids) for s in data.sequences)]
+    assert all(len(s.input_ids) <= 64 and all(s.loss_mask) for s in data.sequences)
+
+    rows = [json.dumps({"text": corpus.read(f)[:400]}) for f in train[:3]]
+    (tmp_path / "text.jsonl").write_text("\n".join(rows) + "\n")
+    data = load_jsonl(str(tmp_path / "text.jsonl"), cfg, 8, tokenizer, vocab_size=len(tokenizer))
+    assert len(data.sequences) == 3 and data.sequences[0].input_ids[:20] == tokenizer(
+        corpus.read(train[0])[:400], add_special_tokens=False)["input_ids"][:20]
+    (tmp_path / "bad.jsonl").write_text('{"text": 7}\n')
+    with pytest.raises(TrainerInputError, match="bad.jsonl:1: malformed line"):
+        load_jsonl(str(tmp_path / "bad.jsonl"), cfg, 8, tokenizer, vocab_size=len(tokenizer))
+    with pytest.raises(TrainerInputError, match="needs a tokenizer"):
+        load_jsonl(str(tmp_path / "code.txt"), cfg, 8, None)
+
+    first = corpus.prompts(tokenizer, True, 6, 16, seed=3)
+    assert first == corpus.prompts(tokenizer, True, 6, 16, seed=3) and all(len(p) == 16 for p in first)
+    held_ids = [tokenizer(corpus.read(f), add_special_tokens=False)["input_ids"] for f in corpus.files() if f.held_out]
+
+    def cut_from(prompt, documents):
+        return any(doc[i:i + len(prompt)] == prompt for doc in documents for i in range(len(doc) - len(prompt) + 1))
+
+    assert all(cut_from(p, held_ids) for p in first)
