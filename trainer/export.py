@@ -213,7 +213,7 @@ def _export_meta(state: dict, dtype: str | None) -> dict:
     return {"dtype": weights_dtype, "target": target, "tokenizer": tokenizer, "chat_template_kwargs": template}
 
 
-def _follow_umask(root: Path) -> None:
+def follow_umask(root: Path) -> None:
     """Modes as a plain write would give them: mkdtemp makes 0700 and safetensors writes 0600, so without
     this a serving account could not read the export."""
     mask = os.umask(0)
@@ -271,7 +271,7 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
             "files": {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
         }
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        _follow_umask(tmp)
+        follow_umask(tmp)
         _place(tmp, out, force)
     except BaseException:  # SIGTERM too: `python -m trainer export` turns it into an exception
         shutil.rmtree(tmp, ignore_errors=True)

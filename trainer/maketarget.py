@@ -79,7 +79,9 @@ def recipe_key(name: str, corpus_digest: str) -> str:
 
 
 def _file_digests(root: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.iterdir())
+    from trainer.export import file_sha256
+
+    return {p.name: file_sha256(p) for p in sorted(root.iterdir())
             if p.is_file() and not p.is_symlink() and p.name != TARGET_MANIFEST}
 
 
@@ -110,8 +112,14 @@ def check_built(target_dir: Path) -> dict:
     return record
 
 
+_checked: dict[tuple[str, Path], Path] = {}  # what this process already found built and intact
+
+
 def ensure(name: str, log=print) -> Path:
-    """The cached target of a recipe: built on first use (under a lock, so ranks and runs build it once)."""
+    """The cached target of a recipe: built on first use (under a lock, so ranks and runs build it once),
+    checked once per process (setup, the tokenizer and the export card all ask for it)."""
+    if (name, targets_dir()) in _checked:
+        return _checked[name, targets_dir()]
     chosen = recipe(name)
     files = corpus.files()
     key = recipe_key(name, corpus.digest(files))
@@ -125,6 +133,7 @@ def ensure(name: str, log=print) -> Path:
                 log(f"target {name}: not built yet on this machine; building it once into {out} ({chosen.description})")
                 build(name, out, log=log, corpus_files=files)
     check_built(out)
+    _checked[name, root] = out
     return out
 
 
@@ -192,6 +201,7 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
     `out` (atomically: a temporary sibling renamed into place). Returns the build record."""
     import torch
 
+    from trainer.export import follow_umask
     from trainer.target import quiet_transformers
 
     quiet_transformers()
@@ -262,15 +272,10 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
             "seconds": round(time.perf_counter() - started, 1), "files": _file_digests(tmp),
         }
         (tmp / TARGET_MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
-        os.chmod(tmp, 0o755 & ~_umask())
+        follow_umask(tmp)
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return record
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
