@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -268,13 +269,17 @@ def warm(venv: Venv, preset: str | None = None, config: str | None = None, *, qu
     cache_dir = compile_root() / key
     ensure_private_dir(cache_dir)
     lock = warm_lock(cache_dir)
-    with lock:
+    digest = trainer_digest()
+    with lock, ThreadPoolExecutor(max_workers=1) as beside:
         _check_trusted(cache_dir)
+        proving = None
+        if not selftest.is_current(venv, parts["torch"], digest):
+            proving = beside.submit(selftest.prove_holding, venv, cache_dir, lock.lock_file, digest)
         args = trainer_args(preset, config) + list(layout) + (["--export", str(export)] if export else [])
         final = _stream_warmup(venv, args, trainer_env(venv, cache_dir), quiet)
         # The fingerprint is written last: an interrupted warm-up leaves none, and the next run continues.
         fingerprint = write_fingerprint(cache_dir, parts, final["buckets"], final["counters"], venv)
-        record = prove_mitigations(venv, cache_dir, parts["torch"], lock) or selftest.read(venv)
+        record = proving.result() if proving else selftest.read(venv)
     size = sum(s for _p, s, _h in fingerprint["files"])
     return WarmResult(str(cache_dir), key, final["buckets"], final["counters"], fingerprint["digest"],
                       len(fingerprint["files"]), size, round(time.perf_counter() - started, 2),

@@ -27,10 +27,16 @@ def record_path(venv: Venv) -> Path:
 
 def prove(venv: Venv, cache_dir: Path, lock: FileLock, trainer_digest: str) -> dict:
     """Run every self-test in the venv while `lock` (the cache's warm lock) is held; record and return it."""
-    env = trainer_env(venv, cache_dir) | {WARM_LOCK_ENV: lock.lock_file}
     with lock:
-        # Exit 1 means a self-test failed: that is a result to record, not an error of the run.
-        proc = run_trainer(venv, ["selftest"], env, timeout=600, ok_codes=(0, 1))
+        return prove_holding(venv, cache_dir, lock.lock_file, trainer_digest)
+
+
+def prove_holding(venv: Venv, cache_dir: Path, lock_file: str, trainer_digest: str) -> dict:
+    """`prove` for a caller that already holds the warm lock at `lock_file` (warm-cache runs the self-tests
+    beside its compile: the compile keeps one core busy, the self-tests take the other)."""
+    env = trainer_env(venv, cache_dir) | {WARM_LOCK_ENV: lock_file}
+    # Exit 1 means a self-test failed: that is a result to record, not an error of the run.
+    proc = run_trainer(venv, ["selftest"], env, timeout=600, ok_codes=(0, 1))
     try:
         output = json.loads(proc.stdout.strip().splitlines()[-1])
         results = output["results"]

@@ -32,7 +32,7 @@ from trainer.config import tiny  # noqa: E402
 from trainer.export import export, serving_name  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 from trainer.model import SdpaAttention  # noqa: E402
-from trainer.walk import copy_proposer, evaluate_walk, repeat_proposer  # noqa: E402
+from trainer.walk import evaluate_walk, repeat_proposer  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -159,8 +159,7 @@ def test_tiny_run_exports_a_drafter_the_reference_serves_losslessly(tiny_run, tm
         assert result.output_ids[0, len(prompt):].tolist() == target_greedy(target, prompt, new_tokens)  # lossless
         per_prompt.append(sum(result.acceptance_lengths) / len(result.acceptance_lengths))
     reference_tau = sum(per_prompt) / len(per_prompt)
-    baselines = evaluate_walk(target, {"drafter": repeat_proposer(block), "repeat": repeat_proposer(block),
-                                       "copy": copy_proposer(block)}, prompts, new_tokens, block, layer_ids)
+    baselines = evaluate_walk(target, repeat_proposer(block), prompts, new_tokens, block, layer_ids)
     assert reference_tau > 2, reference_tau
     assert reference_tau > max(baselines["walk_repeat_tau"], baselines["walk_copy_tau"]), (reference_tau, baselines)
 

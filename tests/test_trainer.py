@@ -296,3 +296,48 @@ def test_the_target_stops_at_its_last_tapped_layer_with_the_same_states():
         assert torch.equal(tapped_states(model, ids, None, taps, position_ids=positions), expected), taps
     assert len(up_to_layer(model, 3).layers) == 4 and len(model.model.layers) == 6  # the full model is intact
     assert up_to_layer(model, 5) is model.model  # the last layer tapped: its reported state is the normed one
+
+
+def test_a_rule_walked_against_the_greedy_continuation_accepts_what_the_target_verifies():
+    """The rules' walk tau comes from the greedy continuation without verification forwards: it must match
+    the walk that runs the target, forward by forward."""
+    from trainer.target import build_target
+    from trainer.walk import copy_proposer, greedy_continuation, repeat_proposer, rule_walk, walk
+
+    cfg = tiny()
+    target = build_target(cfg.target).eval()
+    generator = torch.Generator().manual_seed(3)
+    accepted_somewhere = 0
+    for _ in range(4):
+        prompt = torch.randint(0, cfg.target.vocab_size, (8,), generator=generator).tolist()
+        greedy, _logits = greedy_continuation(target, prompt, 40)
+        for propose in (repeat_proposer(8), copy_proposer(8)):
+            with torch.no_grad():
+                walked, per_forward = walk(target, propose, prompt, 40, 8, [1])
+            assert walked == greedy
+            assert rule_walk(propose, prompt, greedy, 40) == per_forward
+            accepted_somewhere += sum(n > 1 for n in per_forward)
+    assert accepted_somewhere  # the comparison covered accepted drafts, not only rejections
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_precomputed_row_features_are_the_states_a_step_computes(packing):
+    """The sequential layout reads the rows' target states computed once (trainer/features.py): they must
+    be what the step's own target forward gives for the same batch, and used only when they pay."""
+    from trainer import features
+    from trainer.setup import build
+    from trainer.steps import target_states
+
+    cfg = small_config()
+    cfg.data.packing = packing
+    setup = build(cfg, drafters=["cpu"], targets=["cpu"], log=lambda _m: None)
+    assert features.worth_computing(setup)
+    setup.cfg.steps = 1
+    assert not features.worth_computing(setup)  # a short run never reads every row
+    rows = features.compute(setup)
+    assert sorted(rows.states) == list(range(len(setup.train_data.rows)))
+    for index in range(3):
+        batch = setup.train_data.batch(index, cfg.batch_size, cfg.seed)
+        with torch.no_grad():
+            online = target_states(setup, setup.target, batch)
+        torch.testing.assert_close(rows.batch(batch["row_ids"]), online, rtol=1e-5, atol=1e-5)

@@ -47,8 +47,8 @@ class Dataset:
         counts = torch.tensor([len(self.by_bucket[b]) for b in buckets], dtype=torch.float)
         bucket = buckets[int(torch.multinomial(counts, 1, generator=generator))]
         members = self.by_bucket[bucket]
-        picks = torch.randint(len(members), (batch_size,), generator=generator)
-        return collate([self.row(members[int(i)]) for i in picks], bucket)
+        picks = [members[int(i)] for i in torch.randint(len(members), (batch_size,), generator=generator)]
+        return collate([self.row(i) for i in picks], bucket) | {"row_ids": torch.tensor(picks)}
 
     def bucket_batch(self, bucket: int, batch_size: int) -> dict[str, torch.Tensor]:
         """A batch of one bucket's shape, for warm-up; any rows will do (or padding-only ones)."""
@@ -257,7 +257,7 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
                             generator=generator)
     sequences = []
     # Sequences decoded together: fewer, larger forward calls (a GPU holds a larger batch's KV cache).
-    chunk = 1024 if torch.device(device).type == "cuda" else 256
+    chunk = 1024 if torch.device(device).type == "cuda" else 512
     for start in range(0, count, chunk):
         n = min(chunk, count - start)
         if prompts is None:

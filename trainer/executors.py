@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer import threadsafe
+from trainer import features, threadsafe
 from trainer.gradients import all_reduce_mean, mean_across
 from trainer.setup import Setup
 from trainer.steps import Work, batch_index, compile_buckets, forward_backward, prepare_work
@@ -53,6 +53,7 @@ class SequentialExecutor:
     def __init__(self, setup: Setup):
         self.setup = setup
         self.step = 0
+        self.features = None  # the rows' target states, when computing them once pays (trainer/features.py)
 
     def warmup(self, buckets: list[int], progress=None) -> list[int]:
         compile_buckets(self.setup, buckets, progress)
@@ -60,10 +61,12 @@ class SequentialExecutor:
 
     def start(self, step: int) -> None:
         self.step = step
+        if features.worth_computing(self.setup):
+            self.features = features.compute(self.setup)
 
     def next(self) -> StepResult:
         replica = self.setup.replica
-        work = prepare_work(self.setup, self.step, self.step)
+        work = prepare_work(self.setup, self.step, self.step, features=self.features)
         loss = forward_backward(replica, work.inputs)
         replica.apply_gradients()
         self.step += 1

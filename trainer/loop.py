@@ -292,10 +292,9 @@ class Trainer:
             raise TrainerInputError(f"--taps {taps} outside the target's {self.cfg.target.num_layers} layers")
         with self.monitor.excluding(), torch.no_grad():
             block = self.cfg.drafter.block_size
-            proposers = {"drafter": self._drafter_proposer(zero_context), "repeat": walk.repeat_proposer(block),
-                         "copy": walk.copy_proposer(block)}
-            result = walk.evaluate_walk(setup.target, proposers, self.walk_prompts(), self.cfg.walk_new_tokens, block,
-                                        setup.layer_ids if taps is None else taps, setup.dtype)
+            result = walk.evaluate_walk(setup.target, self._drafter_proposer(zero_context), self.walk_prompts(),
+                                        self.cfg.walk_new_tokens, block, setup.layer_ids if taps is None else taps,
+                                        setup.dtype)
         return {"step": self.step_count, "eval": True, "method": "walk", **result}
 
     def _drafter_proposer(self, zero_context: bool = False):

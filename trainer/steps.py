@@ -33,8 +33,18 @@ def batch_index(step: int, replica: int, replicas: int, rank: int = 0, world_siz
     return (step * world_size + rank) * replicas + replica
 
 
-def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=None) -> tuple:
-    """Anchors, the target's tapped states and the block tensors of a batch, on the target's device."""
+def target_states(setup: Setup, target_model, batch: dict) -> torch.Tensor:
+    """The target's tapped states of a batch already on the target's device."""
+    if setup.cfg.data.packing:  # documents attend within themselves, positions restarting (block-diagonal causal)
+        # On CUDA through flex over a document BlockMask: the blocks between documents are skipped.
+        doc_ids = batch["doc_ids"] if device_of(target_model).type == "cuda" else None
+        return tapped_states(target_model, batch["input_ids"], None, setup.layer_ids, batch["positions"], doc_ids)
+    return tapped_states(target_model, batch["input_ids"], batch["attention_mask"], setup.layer_ids)
+
+
+def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=None, features=None) -> tuple:
+    """Anchors, the target's tapped states and the block tensors of a batch, on the target's device. With
+    `features` (trainer/features.py) the states are the rows' precomputed ones."""
     cfg = setup.cfg
     target_model = target_model or setup.target
     target_device = device_of(target_model)
@@ -42,12 +52,7 @@ def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=
                              generator, batch["doc_ids"])
     batch = {k: v.to(target_device, non_blocking=True) for k, v in batch.items()}
     anchors = anchors.to(target_device, non_blocking=True)
-    if cfg.data.packing:  # documents attend within themselves, positions restarting (block-diagonal causal)
-        # On CUDA through flex over a document BlockMask: the blocks between documents are skipped.
-        doc_ids = batch["doc_ids"] if target_device.type == "cuda" else None
-        tapped = tapped_states(target_model, batch["input_ids"], None, setup.layer_ids, batch["positions"], doc_ids)
-    else:
-        tapped = tapped_states(target_model, batch["input_ids"], batch["attention_mask"], setup.layer_ids)
+    tapped = features.batch(batch["row_ids"]) if features is not None else target_states(setup, target_model, batch)
     if cfg.drafter.context == "zeros":  # the ablation: what the drafter learns without the target's features
         tapped = torch.zeros_like(tapped)
     block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,
@@ -55,12 +60,12 @@ def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=
     return tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"]
 
 
-def prepare_work(setup: Setup, step: int, index: int, target_model=None) -> Work:
+def prepare_work(setup: Setup, step: int, index: int, target_model=None, features=None) -> Work:
     """The batch at position `index` of the data order, prepared for `step`."""
     cfg = setup.cfg
     batch = setup.train_data.batch(index, cfg.batch_size, cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed * 7_919 + index)
-    inputs = prepare(setup, batch, generator, target_model)
+    inputs = prepare(setup, batch, generator, target_model, features)
     return Work(step, inputs, int(batch["lengths"].sum()), int(batch["input_ids"].numel()),
                 int(batch["input_ids"].shape[1]), work_stats(batch, inputs[2]))
 

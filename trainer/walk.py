@@ -6,6 +6,10 @@ tau of a prompt = mean of (accepted + 1) per target forward; the figure = mean o
 the reference `dflash` reports it). The same walk runs the two rules that learn nothing. Every walk
 must reproduce the target's own greedy continuation: a mismatch is a bug, except at a near-tie of the
 target's two best logits, where two forwards of different length may round apart.
+
+The rules' drafts depend on the tokens alone, and a lossless walk's tokens are the greedy continuation,
+so a rule is walked against that continuation (`rule_walk`): the same accepted prefixes, without the
+verification forwards (they were 5 of every 6 target forwards of the walk).
 """
 
 from __future__ import annotations
@@ -147,18 +151,40 @@ def check_lossless(walked: list[int], greedy: list[int], logits: list[torch.Tens
     return True
 
 
-def evaluate_walk(target, proposers: dict, prompts: list[list[int]], new_tokens: int, block_size: int,
+def rule_walk(propose, prompt: list[int], greedy: list[int], new_tokens: int) -> list[int]:
+    """A rule's walk against the target's greedy continuation -> (accepted + 1) per target forward. A draft
+    slot is accepted while the draft so far equals the continuation: the target would verify exactly that."""
+    tokens, done, per_forward = list(prompt) + greedy[:1], 1, []
+    while done < new_tokens:
+        draft = propose(tokens, None)
+        accepted = 0
+        while accepted < len(draft) and done + accepted < new_tokens and draft[accepted] == greedy[done + accepted]:
+            accepted += 1
+        produced = min(accepted + 1, new_tokens - done)
+        tokens += greedy[done:done + produced]
+        done += produced
+        per_forward.append(produced)
+    return per_forward
+
+
+def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, block_size: int,
                   layer_ids: list[int], dtype=torch.float32) -> dict:
-    """Walk tau of every proposer over the same prompts, each prompt checked lossless."""
-    per_prompt = {name: [] for name in proposers}
+    """Walk tau of the drafter (verified by the target, checked lossless) and of the two rules, over the
+    same prompts."""
+    rules = {"repeat": repeat_proposer(block_size), "copy": copy_proposer(block_size)}
+    per_prompt = {name: [] for name in ("drafter", *rules)}
     near_ties = 0
     for prompt in prompts:
         greedy, logits = greedy_continuation(target, prompt, new_tokens)
-        for name, propose in proposers.items():
-            walked, per_forward = walk(target, propose, prompt, new_tokens, block_size, layer_ids)
-            if not check_lossless(walked, greedy, logits, dtype):
-                near_ties += 1
-            per_prompt[name].append(sum(per_forward) / len(per_forward) if per_forward else 1.0)
+        walked, per_forward = walk(target, drafter, prompt, new_tokens, block_size, layer_ids)
+        if not check_lossless(walked, greedy, logits, dtype):
+            near_ties += 1
+        # A near-tie walk differs from the greedy continuation past the tie: the rules then follow the walk's
+        # tokens, which the target verified.
+        for name, propose in rules.items():
+            per_forward_rule = rule_walk(propose, prompt, walked, new_tokens)
+            per_prompt[name].append(sum(per_forward_rule) / len(per_forward_rule) if per_forward_rule else 1.0)
+        per_prompt["drafter"].append(sum(per_forward) / len(per_forward) if per_forward else 1.0)
 
     def mean(values):
         return round(sum(values) / len(values), 4) if values else 0.0
