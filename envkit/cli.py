@@ -311,7 +311,7 @@ def cache_group():
 @click.option("--json", "as_json", is_flag=True)
 def cache_export_command(file, venv_path, profile_name, preset, config_path, as_json):
     """Write the warm cache as one portable file (torch's Mega-Cache plus the env key)."""
-    from envkit import cacheport
+    from envkit.cache import port as cacheport
 
     _check_preset_choice(preset, config_path)
     result = cacheport.export(_venv(venv_path, profile_name), Path(file), preset, config_path, quiet=as_json)
@@ -337,7 +337,7 @@ def cache_import_command(file, venv_path, profile_name, pinned, as_json):
     then every artifact is checked against the export's digests, kinds and keys before torch reads
     it. Refuses another env key.
     """
-    from envkit import cacheport
+    from envkit.cache import port as cacheport
 
     result = cacheport.import_(_venv(venv_path, profile_name), Path(file), sha256=pinned)
     _print_json(result) if as_json else click.echo(f"imported into {result['cache_dir']} ({result['artifacts']} "
@@ -412,7 +412,7 @@ def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, 
       envkit train --nnodes 2 --nproc-per-node 8 --node-rank R --rdzv-endpoint NODE0:29500
     Each node runs the same command; global rank 0 writes metrics, checkpoints and the summary.
     """
-    from envkit.launch import TrainRequest, describe_summary, launch_args, start
+    from envkit.run.launch import TrainRequest, describe_summary, launch_args, start
 
     _check_preset_choice(preset, config_path)
     launch = launch_args(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
@@ -430,7 +430,7 @@ def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, 
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 def supervise_command(run_dir):
     """Internal: run a prepared run directory (what --detach starts)."""
-    from envkit.launch import supervise
+    from envkit.run.launch import supervise
 
     supervise(Path(run_dir), echo=True)
 
@@ -440,7 +440,7 @@ def supervise_command(run_dir):
 @click.option("--json", "as_json", is_flag=True)
 def runs_command(runs_dir, as_json):
     """List runs with status, last step, loss, tokens/s, acceptance length and cache hits."""
-    from envkit.runs import list_runs
+    from envkit.run.runs import list_runs
     from envkit.text import printable
 
     rows = list_runs(Path(runs_dir) if runs_dir else None)
@@ -472,7 +472,7 @@ def export_command(run, out_dir, force, dtype, runs_dir, as_json):
     serve) and, for a preset's random or built target, target/ (the target as trained against).
     Prints the SGLang and vLLM command lines that serve it.
     """
-    from envkit.export import export
+    from envkit.run.export import export
     from envkit.text import printable
 
     result = export(run, Path(out_dir), force=force, dtype=dtype, runs_dir=Path(runs_dir) if runs_dir else None)
@@ -493,7 +493,7 @@ def export_command(run, out_dir, force, dtype, runs_dir, as_json):
 @click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR")
 def logs_command(name, follow, runs_dir):
     """Print a run's train.log."""
-    from envkit.runs import find_run, follow_log
+    from envkit.run.runs import find_run, follow_log
 
     follow_log(find_run(name, Path(runs_dir) if runs_dir else None), follow=follow)
 

@@ -23,7 +23,8 @@ from envkit.profile import Profile
 from envkit.progress import Phases
 from envkit.uvtool import run_uv, uv_version
 from envkit.fsops import exchange
-from envkit.venv import Venv, write_json_atomic
+from envkit.fsops import write_json_atomic
+from envkit.venv import Venv
 
 
 @dataclass(frozen=True)

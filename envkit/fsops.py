@@ -5,9 +5,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import json
 import os
-import tempfile
 from pathlib import Path
+
+from trainer.files import atomic_write
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -29,20 +31,7 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o644) -> None:
-    """Readers see the old file or the new one, never half of one: a temp file in the same dir, fsync,
-    rename; the temp file is removed on any failure. `mode` is applied through the umask, as open() would."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, mode & ~umask)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode() if isinstance(data, str) else data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_json_atomic(path: Path, data: dict, *, mode: int = 0o600) -> None:
+    """JSON written with atomic_write (readers see the old file or the new one); envkit's records are private."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=mode)

@@ -12,9 +12,9 @@ from packaging.utils import canonicalize_name
 
 from envkit import __version__, profile as profiles, wheelhouse
 from envkit.errors import EnvkitError, ProfileError
-from envkit.fsops import atomic_write
 from envkit.profile import LockedPackage, Profile
 from envkit.uvtool import run_uv, uv_version
+from trainer.files import atomic_write
 
 
 @dataclass(frozen=True)

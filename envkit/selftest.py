@@ -14,10 +14,11 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from envkit.cachetrust import read_json_file
 from envkit.errors import CacheError
 from envkit.trainer_process import run_trainer, trainer_env
-from envkit.venv import Venv, write_json_atomic
+from envkit.fsops import write_json_atomic
+from envkit.venv import Venv
+from trainer.files import read_json_file
 from trainer.mitigations import MITIGATIONS, RESULTS_FILE, WARM_LOCK_ENV
 
 

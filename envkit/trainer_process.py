@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 from envkit import paths
-from envkit.children import die_with_parent
 from envkit.errors import CacheError, EnvkitError
 from envkit.venv import Venv
+from trainer.children import die_with_parent
 
 
 def trainer_command(venv: Venv, *args: str) -> list[str]:

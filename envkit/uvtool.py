@@ -9,8 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from envkit.children import die_with_parent
 from envkit.errors import EnvkitError, HashMismatchError, UvError
+from trainer.children import die_with_parent
 
 
 @functools.cache

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envkit.errors import VenvError
-from envkit.fsops import atomic_write
 
 MANIFEST = "envkit.json"
 
@@ -72,12 +71,6 @@ class Venv:
         if not self.is_venv():
             raise VenvError(f"{self.path} is not a venv (no pyvenv.cfg); create one with `envkit create`")
         return self
-
-
-def write_json_atomic(path: Path, data: dict, *, mode: int = 0o600) -> None:
-    """JSON written with atomic_write (readers see the old file or the new one); envkit's records are private."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=mode)
 
 
 def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv:

@@ -120,7 +120,7 @@ def small_threaded(tmp_path, **kwargs):
 def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
     from trainer.data import collate
     from trainer.gradients import weights_digest
-    from trainer.steps import prepare, to_device
+    from trainer.steps import prepare
 
     trainer = small_threaded(tmp_path)
     summary = trainer.train()
@@ -155,7 +155,7 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
         replica = setup.replicas[0]
         odd = collate([[seq] for seq in setup.train_data.sequences[:2]], 96)
         with gate.for_shape((0, 96)) as compiling:
-            replica.loss_fn(*to_device(prepare(setup, odd, torch.Generator().manual_seed(1)), replica.device)).backward()
+            replica.loss_fn(prepare(setup, odd, torch.Generator().manual_seed(1)).to(replica.device)).backward()
     finally:
         stop.set()
         other.join()

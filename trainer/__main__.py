@@ -14,6 +14,7 @@ from pathlib import Path
 from trainer.config import TrainConfig, resolve
 from trainer.launcher import close_distributed, launch, pin_local_gpu, wants_launch
 from trainer.errors import TrainerInputError
+from trainer.files import atomic_write
 
 
 def _config(args) -> TrainConfig:
@@ -125,9 +126,7 @@ def _record_node(out: Path) -> None:
             "world_size": int(os.environ.get("WORLD_SIZE", "1")), "host": socket.gethostname(),
             "writer": os.environ.get("RANK") == "0",
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
-    tmp = out / ".node.json.tmp"
-    tmp.write_text(json.dumps(node, indent=2) + "\n")
-    os.replace(tmp, out / "node.json")
+    atomic_write(out / "node.json", json.dumps(node, indent=2) + "\n")
 
 
 def _train(args, cfg) -> int:
@@ -165,9 +164,7 @@ def write_summary(out: Path, summary: dict) -> None:
     """Results are a file: envkit reads summary.json, never the log."""
     if not summary:
         return
-    tmp = out / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out / "summary.json")
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
 
 def cmd_eval(args) -> int:
@@ -293,7 +290,7 @@ def cmd_load_cache(args) -> int:
     blob = Path(args.blob).read_bytes()
     # torch writes these artifacts and unpickles some (HAZARDS.md H5). Only envkit's `cache import` calls
     # this, after it checked the export against the user's pinned sha256, the blob against the header's
-    # digest, and every artifact's kind, key and digest (envkit/cacheport.py, envkit/megacache.py); the
+    # digest, and every artifact's kind, key and digest (envkit/cache/port.py, envkit/cache/megacache.py); the
     # digest it verified is checked again here, so bytes changed since then are never loaded.
     if hashlib.sha256(blob).hexdigest() != args.sha256:
         raise TrainerInputError(f"{args.blob} is not the blob envkit verified (sha256 differs); nothing loaded")

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
 import torch
 
 from trainer.errors import TrainerInputError
+from trainer.files import atomic_write
 
 
 def save(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda handle: torch.save(state, handle), mode=0o666)
 
 
 # What every checkpoint the trainer writes holds, and the type of each.

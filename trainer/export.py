@@ -10,7 +10,6 @@ DIR/envkit-export.json what was exported from where (training config, chat templ
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -25,6 +24,7 @@ import torch
 from trainer import modelcard
 from trainer.config import TrainConfig
 from trainer.errors import TrainerInputError
+from trainer.files import file_sha256
 
 EXPORT_MANIFEST = "envkit-export.json"
 
@@ -124,14 +124,6 @@ def _target_record(cfg: TrainConfig) -> dict | None:
     from trainer.target import target_dir
 
     return maketarget.read_manifest(Path(target_dir(cfg.target)))
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 DTYPES = ("float32", "bfloat16", "float16")

@@ -14,11 +14,12 @@ misses every entry as cuda:1 and hits every entry from a process whose only GPU 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
+
+from trainer.children import killed_with_parent
 
 # The options this module hands to torchrun, with their argparse dests; everything else goes to the workers.
 LAUNCH_OPTIONS = {"--nproc-per-node": "nproc_per_node", "--gpus": "nproc_per_node", "--nnodes": "nnodes",
@@ -68,7 +69,7 @@ def launch(args, argv: list[str]) -> int:
     # Workers of a restarted group must not read the previous attempt's addresses from the rendezvous store
     # (pytorch/pytorch#135712: "Connection refused" on the restart); a store of their own per round avoids it.
     env = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    proc = subprocess.Popen(torchrun_command(args, strip_launch_options(argv)), preexec_fn=_die_with_parent, env=env)
+    proc = subprocess.Popen(torchrun_command(args, strip_launch_options(argv)), preexec_fn=killed_with_parent, env=env)
     signalled: list[int] = []
 
     def forward(signum, frame):
@@ -124,8 +125,3 @@ def close_distributed() -> None:
 def restart_count() -> int:
     """How many times torchrun restarted this worker group (0 on the first attempt)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-
-def _die_with_parent() -> None:
-    """torchrun gets SIGKILL if this launcher dies: no orphan agent holding GPUs."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

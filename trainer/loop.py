@@ -30,7 +30,7 @@ from trainer.gradients import any_rank, max_across_ranks, sum_across_ranks, weig
 from trainer.launcher import restart_count
 from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.setup import Setup, build
-from trainer.steps import prepare, to_device
+from trainer.steps import prepare
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -263,9 +263,9 @@ class Trainer:
             for start in range(0, len(members), cfg.batch_size):
                 rows = [setup.eval_data.row(i) for i in members[start:start + cfg.batch_size]]
                 batch = datasets.collate(rows, bucket)
-                tapped, block_ids, anchors, _labels, _weights, positions, doc_ids = to_device(
-                    prepare(setup, batch, generator), replica.device)
-                draft = replica.draft(tapped, block_ids, anchors, positions, doc_ids)  # (B, Q)
+                inputs = prepare(setup, batch, generator).to(replica.device)
+                anchors = inputs.anchors
+                draft = replica.draft(inputs.tapped, inputs.block_ids, anchors, inputs.positions, inputs.doc_ids)  # (B, Q)
                 draft = draft.view(anchors.shape[0], anchors.shape[1], cfg.drafter.block_size)
                 for name, values in evaluate.score_blocks(draft, batch["input_ids"], batch["lengths"], anchors.cpu(),
                                                           cfg.drafter.block_size).items():

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trainer import corpus
 from trainer.errors import TrainerInputError
+from trainer.files import read_json_record
 
 TARGET_MANIFEST = "envkit-target.json"
 EOS, MASK = "<|endoftext|>", "<|mask|>"  # ids 0 and 1: the drafter's mask token is a row no text uses
@@ -79,7 +80,7 @@ def recipe_key(name: str, corpus_digest: str) -> str:
 
 
 def _file_digests(root: Path) -> dict[str, str]:
-    from trainer.export import file_sha256
+    from trainer.files import file_sha256
 
     return {p.name: file_sha256(p) for p in sorted(root.iterdir())
             if p.is_file() and not p.is_symlink() and p.name != TARGET_MANIFEST}
@@ -87,14 +88,7 @@ def _file_digests(root: Path) -> dict[str, str]:
 
 def read_manifest(target_dir: Path) -> dict | None:
     """The build record of a target dir, or None when it has none (not built by make-target)."""
-    path = target_dir / TARGET_MANIFEST
-    if path.is_symlink() or not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    return read_json_record(target_dir / TARGET_MANIFEST)
 
 
 def check_built(target_dir: Path) -> dict:

@@ -31,7 +31,7 @@ MITIGATIONS = {m.hazard: m for m in (
     Mitigation("H5", "envkit points TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR at a private 0700 dir",
                "envkit/trainer_process.py trainer_env()", "private_compile_cache"),
     Mitigation("H6", "warmers serialise on a file lock held around the whole warm-up",
-               "envkit/cache.py warm()", "warm_lock_is_held"),
+               "envkit/cache/warmup.py warm()", "warm_lock_is_held"),
     Mitigation("H7", "CPU trains through SDPA with a dense mask from the same rule",
                "trainer/setup.py pick_attention()", "cpu_attention_has_backward"),
     Mitigation("H8", "compile-health monitor counts eager fallbacks in every metrics row",

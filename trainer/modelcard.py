@@ -5,29 +5,17 @@ all read as data (numbers are checked to be numbers; nothing from them is run)."
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 
 from trainer.config import TrainConfig
+from trainer.files import read_json_record
 
 SUMMARY_LIMIT = 1 << 20
 
 
 def read_summary(run_dir: Path) -> dict:
     """The run's summary.json when it is a small regular file holding an object; else {} (not finished)."""
-    try:
-        fd = os.open(run_dir / "summary.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return {}
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            return {}
-        try:
-            summary = json.loads(handle.read(SUMMARY_LIMIT + 1)[:SUMMARY_LIMIT])
-        except ValueError:
-            return {}
-    return summary if isinstance(summary, dict) else {}
+    return read_json_record(run_dir / "summary.json", limit=SUMMARY_LIMIT) or {}
 
 
 def _number(values: dict, key: str, spec: str = ".2f") -> str:

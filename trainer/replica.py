@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from trainer.config import TrainConfig
 from trainer.loss import weighted_block_loss
+
+if TYPE_CHECKING:  # steps.py imports this module
+    from trainer.steps import StepInputs
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
@@ -39,10 +43,12 @@ class Replica:
         return Replica(self.cfg, copy.deepcopy(self.drafter), device, self.embed_weight, self.head_weight,
                        self.attention, self.dtype)
 
-    def loss_fn(self, tapped, block_ids, anchors, labels, weights, positions, doc_ids):
+    def loss_fn(self, inputs: StepInputs):
         """The step's loss; the mask is built here, outside the compiled region (one graph per bucket)."""
-        prepared = self.attention.prepare(anchors, tapped.shape[1], self.cfg.drafter.block_size, doc_ids)
-        return self._compiled_loss(tapped, block_ids, anchors, prepared, labels, weights, positions)
+        prepared = self.attention.prepare(inputs.anchors, inputs.tapped.shape[1], self.cfg.drafter.block_size,
+                                          inputs.doc_ids)
+        return self._compiled_loss(inputs.tapped, inputs.block_ids, inputs.anchors, prepared, inputs.labels,
+                                   inputs.weights, inputs.positions)
 
     def _loss(self, tapped, block_ids, anchors, prepared, labels, weights, positions):
         # (B, Q, H) from the shared, frozen embedding; the residual stream stays float32 (matmuls autocast).

@@ -3,7 +3,7 @@ target's tapped states, block targets) and the drafter side (loss, backward)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -14,18 +14,29 @@ from trainer.target import tapped_states
 
 
 @dataclass
+class StepInputs:
+    """What the drafter's loss reads for one batch: B rows of S positions, Q = anchors x block slots."""
+    tapped: torch.Tensor  # (B, S, taps x H) the target's states at the tapped layers: the drafter's context
+    block_ids: torch.Tensor  # (B, Q) each block: its anchor token, then the mask token
+    anchors: torch.Tensor  # (B, A) anchor positions, -1 for a padding block
+    labels: torch.Tensor  # (B, Q) the token each slot must predict (-100: none)
+    weights: torch.Tensor  # (B, Q) the slot's loss weight, exp(-(k-1)/gamma)
+    positions: torch.Tensor  # (B, S) positions restarting per packed document
+    doc_ids: torch.Tensor  # (B, S) the document of each position, -1 for padding
+
+    def to(self, device: torch.device) -> "StepInputs":
+        return StepInputs(**{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})
+
+
+@dataclass
 class Work:
     """One replica's share of a step, prepared on a target's device."""
     step: int
-    inputs: tuple  # tapped, block_ids, anchors, labels, weights, positions, doc_ids
+    inputs: StepInputs
     useful_tokens: int  # not padding
     positions: int  # padding included
     bucket: int
     stats: dict  # work_stats
-
-
-def to_device(tensors: tuple, device: torch.device) -> tuple:
-    return tuple(t.to(device, non_blocking=True) for t in tensors)
 
 
 def batch_index(step: int, replica: int, replicas: int, rank: int = 0, world_size: int = 1) -> int:
@@ -42,7 +53,7 @@ def target_states(setup: Setup, target_model, batch: dict) -> torch.Tensor:
     return tapped_states(target_model, batch["input_ids"], batch["attention_mask"], setup.layer_ids)
 
 
-def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=None, features=None) -> tuple:
+def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=None, features=None) -> StepInputs:
     """Anchors, the target's tapped states and the block tensors of a batch, on the target's device. With
     `features` (trainer/features.py) the states are the rows' precomputed ones."""
     cfg = setup.cfg
@@ -57,7 +68,7 @@ def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=
         tapped = torch.zeros_like(tapped)
     block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,
                                                cfg.drafter.block_size, cfg.drafter.gamma, setup.mask_token_id)
-    return tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"]
+    return StepInputs(tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"])
 
 
 def prepare_work(setup: Setup, step: int, index: int, target_model=None, features=None) -> Work:
@@ -67,13 +78,13 @@ def prepare_work(setup: Setup, step: int, index: int, target_model=None, feature
     generator = torch.Generator().manual_seed(cfg.seed * 7_919 + index)
     inputs = prepare(setup, batch, generator, target_model, features)
     return Work(step, inputs, int(batch["lengths"].sum()), int(batch["input_ids"].numel()),
-                int(batch["input_ids"].shape[1]), work_stats(batch, inputs[2]))
+                int(batch["input_ids"].shape[1]), work_stats(batch, inputs.anchors))
 
 
-def forward_backward(replica: Replica, inputs: tuple) -> torch.Tensor:
+def forward_backward(replica: Replica, inputs: StepInputs) -> torch.Tensor:
     """The drafter's loss on prepared inputs, gradients accumulated; returns the loss (not synchronised)."""
     replica.drafter.train()
-    loss = replica.loss_fn(*to_device(inputs, replica.device))
+    loss = replica.loss_fn(inputs.to(replica.device))
     loss.backward()
     return loss
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import tempfile
 from pathlib import Path
 
 from envkit import paths
-from envkit.cachetrust import tree_problems
+from envkit.cache.fingerprint import FINGERPRINT, compare, fingerprints, tampered_names
+from envkit.cache.key import compile_root
+from envkit.cache.trust import tree_problems
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
+from envkit.installed import installed_versions
+from envkit.trainer_source import trainer_digest
 
 
 def cache_dirs_to_check(environ: dict[str, str]) -> list[Path]:
@@ -50,7 +55,51 @@ def check_perms(ctx: Context) -> list[Finding]:
                                 "every compile cache dir present is yours and private, every entry in it too")]
 
 
-def check_fingerprint(ctx: Context) -> list[Finding]:
-    from envkit import cache
+def _mentions(path: Path, text: str) -> bool:
+    try:
+        return path.is_file() and not path.is_symlink() and text.encode() in path.read_bytes()[: 64 << 20]
+    except OSError:
+        return False
 
-    return cache.doctor_findings(ctx.venv)
+
+def check_fingerprint(ctx: Context) -> list[Finding]:
+    """cache.fingerprint, read from outside (no torch import): fingerprints this venv made, re-hashed."""
+    venv = ctx.venv
+    fix = f"envkit warm-cache --venv {shlex.quote(str(venv.path))}"
+    # A corrupted fingerprint names no venv for sure: it is this venv's only if its bytes name this venv
+    # (an unrelated broken cache must not fail every venv's doctor; `envkit cache ls` shows it).
+    mine = [(d, f) for d, f in fingerprints()
+            if (f is None and _mentions(d / FINGERPRINT, str(venv.path))) or (f and f.get("venv") == str(venv.path))]
+    if not mine:
+        return [Finding("cache.fingerprint", Status.WARN, str(compile_root()),
+                        "no fingerprinted compile cache for this venv: the first steps of every bucket compile cold",
+                        fix)]
+    findings = []
+    installed = installed_versions(venv.site_packages())
+    now = {"torch": installed.get("torch"), "triton": installed.get("triton"),
+           "python": venv.python_version(), "trainer": trainer_digest()}
+    for cache_dir, fingerprint in mine:
+        if fingerprint is None:
+            findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
+                                    f"{FINGERPRINT} is corrupted: this cache cannot be trusted",
+                                    f"rm -rf {cache_dir} && {fix}"))
+            continue
+        result = compare(cache_dir, fingerprint)
+        if result.tampered:
+            findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
+                                    f"{len(result.changed)} changed, {len(result.removed)} removed and "
+                                    f"{len(result.untrusted)} unverifiable entries since fingerprinted ({tampered_names(result)}): "
+                                    f"corruption or tampering", f"rm -rf {cache_dir} && {fix}"))
+            continue
+        old = fingerprint.get("key_parts", {})
+        stale = {k: (old.get(k), v) for k, v in now.items() if k in old and old.get(k) != v}
+        if stale:
+            what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in stale.items())
+            findings.append(Finding("cache.fingerprint", Status.WARN, str(cache_dir),
+                                    f"stale for this venv ({what}): training would compile cold", fix))
+            continue
+        growth = f", {len(result.added)} files added since (growth)" if result.added else ""
+        findings.append(Finding("cache.fingerprint", Status.OK, str(cache_dir),
+                                f"preset {old.get('preset')}: {len(fingerprint['files'])} files match their "
+                                f"fingerprint{growth}"))
+    return findings

@@ -20,10 +20,13 @@ class Finding:
     message: str
     fix: str = ""  # the command (or action) that repairs it
     detail: str = ""  # evidence beyond one line: the unified diff of a hand edit
+    # The other package a finding names (dist.requires: the one required), as data: the doctor's story
+    # groups findings by it, never by reading the message.
+    related: str = ""
 
     def as_dict(self) -> dict:
         return {"id": self.id, "status": self.status.value, "subject": self.subject,
-                "message": self.message, "fix": self.fix, "detail": self.detail}
+                "message": self.message, "fix": self.fix, "detail": self.detail, "related": self.related}
 
 
 @dataclass(frozen=True)

@@ -143,5 +143,5 @@ def check_requires(ctx: Context) -> list[Finding]:
                     continue
                 problem = f"requires {req}, but {name} {have} is installed"
             findings.append(Finding("dist.requires", Status.FAIL, dist.name, f"{dist.name} {dist.version} {problem}",
-                                    ctx.fix_command() if ctx.profile else f"install {req}"))
+                                    ctx.fix_command() if ctx.profile else f"install {req}", related=name))
     return findings or [Finding("dist.requires", Status.OK, "site-packages", "every requirement is met")]

@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 
 from envkit import paths
-from envkit.cachetrust import read_json_file
-from envkit.venv import Venv, write_json_atomic
+from envkit.fsops import write_json_atomic
+from envkit.venv import Venv
+from trainer.files import read_json_file
 
 VERSION = 1
 

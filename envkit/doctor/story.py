@@ -10,7 +10,6 @@ the compile cache.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -85,9 +84,6 @@ def history(ctx: Context) -> list[Event]:
     return [event for _, event in sorted(events, key=lambda pair: pair[0])]
 
 
-_REQUIRED = re.compile(r"requires ([A-Za-z0-9._-]+)")
-
-
 def causes(ctx: Context, report: Report, events: list[Event]) -> list[Cause]:
     """Every non-ok finding under exactly one cause, the causes in the order their events happened."""
     changed = {e.subject: e for e in events if e.action in ("installed", "replaced", "reinstalled")}
@@ -119,8 +115,7 @@ def causes(ctx: Context, report: Report, events: list[Event]) -> list[Cause]:
             cause = cause_for(f"removed:{subject}", removed[subject].detail if subject in removed else
                               f"{subject} removed", removed.get(subject), ctx.fix_command())
         elif fid == "dist.requires":
-            required = _REQUIRED.search(finding.message)
-            name = required[1].lower().replace("_", "-") if required else ""
+            name = finding.related
             if subject in changed:
                 cause = package(subject)
             elif name in changed:

@@ -21,18 +21,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from envkit import __version__, cache, doctor, paths, selftest
+from envkit.cache.fingerprint import tampered_names
 from envkit.doctor.findings import Report, Status
-from envkit.children import die_with_parent
 from envkit.errors import RunError
 from envkit.text import printable
 from envkit.installed import installed_versions
 from envkit.progress import Phases
-from envkit.rundir import (CONFIG_JSON, LOG, NODE_JSON, RUN_JSON, check_run_name, now, read_node, read_run,
+from envkit.run.rundir import (CONFIG_JSON, LOG, NODE_JSON, RUN_JSON, check_run_name, now, read_node, read_run,
                            read_summary, update_run)
 from envkit.trainer_process import trainer_command, trainer_env
 from envkit.trainer_source import trainer_digest
 from envkit.uvtool import uv_version
-from envkit.venv import Venv, write_json_atomic
+from envkit.fsops import write_json_atomic
+from envkit.venv import Venv
+from trainer.children import die_with_parent
 
 # Warnings that `envkit train` itself resolves: it warms a cold cache and runs the hazard self-tests that
 # have not run in this venv yet (a failed self-test is a fail finding, which stops the run).
@@ -132,9 +134,8 @@ def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, describe
     with phases.phase("cache", "verify"):
         result = cache.verify(venv, None, str(config_path), described)
     if result.tampered:
-        named = ", ".join((result.changed + result.removed + tuple(result.untrusted))[:3])
         raise RunError(f"the compile cache {result.cache_dir} changed since it was fingerprinted or holds entries no "
-                       f"fingerprint can vouch for ({named}); remove it and run `envkit warm-cache`")
+                       f"fingerprint can vouch for ({tampered_names(result)}); remove it and run `envkit warm-cache`")
     if not result.fingerprinted:
         if request.no_warm:
             raise RunError(f"the compile cache for this run's config is cold (env key {result.env_key}); run "

@@ -23,13 +23,15 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from envkit import megacache
-from envkit.cache import (CACHE_SUBDIRS, compile_root, ensure_private_dir, env_key, file_sha256, key_parts,
-                          read_fingerprint, scan, warm, write_fingerprint)
+from envkit.cache import megacache
+from envkit.cache.fingerprint import read_fingerprint, scan, write_fingerprint
+from envkit.cache.key import CACHE_SUBDIRS, compile_root, ensure_private_dir, env_key, key_parts
+from envkit.cache.warmup import warm
 from envkit.errors import CacheError
 from envkit.fsops import exchange
 from envkit.trainer_process import run_trainer, trainer_env
 from envkit.venv import Venv
+from trainer.files import atomic_write, file_sha256
 
 EXPORT_HEADER = "envkit-cache.json"
 EXPORT_BLOB = "mega-cache.bin"
@@ -57,15 +59,13 @@ def export(venv: Venv, target: Path, preset: str | None = None, config: str | No
                   "buckets": result.buckets, "blob_sha256": hashlib.sha256(blob).hexdigest(),
                   "artifacts": [asdict(a) for a in artifacts],
                   "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        partial = target.with_name(f".{target.name}.tmp")
-        try:
-            with zipfile.ZipFile(partial, "w") as archive:
+
+        def write_archive(handle) -> None:
+            with zipfile.ZipFile(handle, "w") as archive:
                 archive.writestr(EXPORT_HEADER, json.dumps(header, indent=2, sort_keys=True))
                 archive.writestr(EXPORT_BLOB, blob)
-            partial.replace(target)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
+
+        atomic_write(target, write_archive, mode=0o666)
     return {"file": str(target), "env_key": result.env_key, "bytes": target.stat().st_size,
             "sha256": file_sha256(target), "artifacts": len(artifacts)}
 

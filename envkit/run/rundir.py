@@ -10,10 +10,10 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from envkit.cachetrust import read_json_file
 from envkit.errors import RunError
 from envkit.text import printable
-from envkit.venv import write_json_atomic
+from envkit.fsops import write_json_atomic
+from trainer.files import read_json_file
 
 RUN_JSON = "run.json"
 CONFIG_JSON = "config.json"

@@ -7,8 +7,8 @@ import shlex
 from pathlib import Path
 
 from envkit.errors import RunError, VenvError
-from envkit.rundir import RUN_JSON, read_run
-from envkit.runs import find_run
+from envkit.run.rundir import RUN_JSON, read_run
+from envkit.run.runs import find_run
 from envkit.trainer_process import run_trainer, trainer_env
 from envkit.text import printable
 from envkit.venv import Venv

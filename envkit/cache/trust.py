@@ -7,7 +7,6 @@ checks never follow a link and never open anything but a regular file, so a plan
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
@@ -42,21 +41,3 @@ def tree_problems(root: Path) -> dict[str, str]:
             if problem:
                 problems[str(path.relative_to(root))] = problem
     return problems
-
-
-def read_json_file(path: Path, *, limit: int = 64 << 20):
-    """JSON from a regular file, without following a link or blocking on a FIFO; ValueError otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        raise ValueError(f"cannot open: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        if info.st_size > limit:
-            raise ValueError(f"{info.st_size} bytes, more than a fingerprint ever holds")
-        try:
-            return json.loads(handle.read())
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"not UTF-8 ({exc.reason})") from None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from envkit import paths
 from envkit.errors import RunError
-from envkit.rundir import LOG, RUN_JSON, check_run_name, read_run
+from envkit.run.rundir import LOG, RUN_JSON, check_run_name, read_run
 from envkit.safeio import UnsafeFile, open_regular, read_text
 from envkit.text import printable
 

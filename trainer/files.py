@@ -1,0 +1,72 @@
+"""Writing and reading files safely: one atomic write, one sha256, one JSON-record reader. Torch-free, so
+envkit uses the same ones (envkit/fsops.py, envkit/safeio.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+
+def atomic_write(path: Path, data: str | bytes | Callable[[BinaryIO], None], *, mode: int = 0o644) -> None:
+    """Readers see the old file or the new one, never half of one: a temp file in the same dir, fsync,
+    rename; the temp file is removed on any failure. `data` is the content, or a function that writes it
+    to the open file (a checkpoint, an archive). `mode` is applied through the umask, as open() would."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, mode & ~umask)
+        with os.fdopen(fd, "wb") as handle:
+            if callable(data):
+                data(handle)
+            else:
+                handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_json_file(path: Path, *, limit: int = 64 << 20):
+    """JSON from a regular file, without following a link or blocking on a FIFO; ValueError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"cannot open: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{info.st_size} bytes, more than {limit} allowed")
+        try:
+            return json.loads(handle.read())
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"not UTF-8 ({exc.reason})") from None
+
+
+def read_json_record(path: Path, *, limit: int = 64 << 20) -> dict | None:
+    """A JSON object from a regular file, or None when it is missing, not a regular file, too large,
+    malformed or not an object: a record the trainer reads as data."""
+    try:
+        record = read_json_file(path, limit=limit)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
