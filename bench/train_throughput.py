@@ -32,6 +32,7 @@ def run_variant(args) -> dict:
     import torch
 
     from trainer.config import preset
+    from trainer.faults import Faults
     from trainer.flops import sequence_flops, useful_flops
     from trainer.launcher import init_distributed
     from trainer.loop import Trainer
@@ -64,7 +65,8 @@ def run_variant(args) -> dict:
     elif args.targets or args.drafters:
         unwarmed = tuple(int(b) for b in args.unwarmed.split(",")) if args.unwarmed else ()
         trainer = Trainer.threaded(cfg, out, targets=args.targets.split(","), drafters=args.drafters.split(","),
-                                   mitigations=not args.no_mitigations, log=log, unwarmed=unwarmed)
+                                   mitigations=not args.no_mitigations, log=log,
+                                   faults=Faults.parse(unwarmed=unwarmed))
     else:
         trainer = Trainer.sequential(cfg, out, device=args.device, log=log)
     replicas = len(trainer.setup.replicas)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from trainer.faults import Faults  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -165,9 +168,9 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
 
 
 def test_a_failing_drafter_thread_ends_the_run_quickly(tmp_path):
-    from trainer.executors import InjectedFailure
+    from trainer.faults import InjectedFailure
 
-    trainer = small_threaded(tmp_path, steps=10_000, compile=False, fail_at="drafter:1:3")
+    trainer = small_threaded(tmp_path, steps=10_000, compile=False, faults=Faults.parse("drafter:1:3"))
     with pytest.raises(InjectedFailure):
         trainer.train()
     assert trainer.step_count <= 3  # the loop stopped at the failing step, it did not train on without a replica
@@ -182,7 +185,7 @@ def test_a_stalled_worker_is_an_error_not_a_hang(tmp_path, monkeypatch, stalled,
     from trainer import executors
 
     monkeypatch.setattr(executors, "STALL_TIMEOUT_S", 2.0)
-    trainer = small_threaded(tmp_path, steps=10_000, compile=False, fail_at=stalled)
+    trainer = small_threaded(tmp_path, steps=10_000, compile=False, faults=Faults.parse(stalled))
     with pytest.raises(RuntimeError, match=error):  # raised, so no hang (pytest-timeout would end one)
         trainer.train()
     assert trainer.step_count <= 3
@@ -200,7 +203,7 @@ def test_a_slow_target_worker_keeps_out_of_order_results_bounded(tmp_path):
     cfg.steps, cfg.eval_every, cfg.ckpt_every, cfg.compile = 40, 0, 0, False
     cfg.walk_prompts, cfg.walk_new_tokens = 1, 8
     trainer = Trainer.threaded(cfg, tmp_path / "run", targets=["cpu", "cpu", "cpu"], drafters=["cpu"],
-                               log=lambda m: None, fail_at="target:0:2:slow")
+                               log=lambda m: None, faults=Faults.parse("target:0:2:slow"))
     trainer.train()
     assert trainer.step_count == 40
     assert 1 <= trainer.executor.max_pending <= MAX_AHEAD + 1
@@ -228,3 +231,12 @@ def test_torchrun_two_ranks_on_cpu(tmp_path):
     assert len(ranks) == 2 and len(digests) == 1, proc.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r["world_size"] for r in rows if "loss" in r} == {2}
+
+
+@pytest.mark.parametrize("spec", ["x:1:2", "drafter:1", "drafter:a:2", "drafter:1:2:boom", "drafter:1:2:slow:9"])
+def test_a_malformed_fail_at_is_an_input_error_naming_the_form(spec):
+    from trainer.errors import TrainerInputError
+
+    with pytest.raises(TrainerInputError, match=re.escape("target|drafter:INDEX:STEP[:stall|slow]")):
+        Faults.parse(spec)
+    assert Faults.parse("target:0:2:slow").fail_at == ("target", 0, 2, "slow")

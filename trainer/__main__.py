@@ -14,7 +14,9 @@ from pathlib import Path
 from trainer.config import TrainConfig, resolve
 from trainer.launcher import close_distributed, launch, pin_local_gpu, wants_launch
 from trainer.errors import TrainerInputError
+from trainer.faults import Faults
 from trainer.files import atomic_write
+from trainer.records import headline
 
 
 def _config(args) -> TrainConfig:
@@ -88,7 +90,7 @@ def _make_trainer(args, cfg, log):
     drafters = args.drafters.split(",") if args.drafters else default
     return Trainer.threaded(cfg, Path(args.out), targets=targets, drafters=drafters,
                             mitigations=not args.no_mitigations, strict_compile=args.strict_compile,
-                            fail_at=args.fail_at, resume=args.resume, log=log, dist=dist)
+                            faults=Faults.parse(args.fail_at), resume=args.resume, log=log, dist=dist)
 
 
 def _log_line(message: str) -> None:
@@ -153,10 +155,7 @@ def _train(args, cfg) -> int:
     if not summary:  # a torchrun rank other than 0: rank 0 reports
         return 0
     print(json.dumps(summary), flush=True)
-    verdict = "beats both" if summary["beats_baselines"] else "does NOT beat both baselines: it has learned nothing worth reporting"
-    print(f"done: walk tau {summary['walk_tau']:.2f} (repeat-anchor {summary['walk_repeat_tau']:.2f}, copy "
-          f"{summary['walk_copy_tau']:.2f}: {verdict}); teacher-forced tau {summary['tau_start']:.2f} -> "
-          f"{summary['tau_end']:.2f}; loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}", flush=True)
+    print(headline(summary), flush=True)
     return 0
 
 

@@ -257,7 +257,7 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
                             generator=generator)
     sequences = []
     # Sequences decoded together: fewer, larger forward calls (a GPU holds a larger batch's KV cache).
-    chunk = 1024 if torch.device(device).type == "cuda" else 512
+    chunk = 1024 if torch.device(device).type == "cuda" else 256
     for start in range(0, count, chunk):
         n = min(chunk, count - start)
         if prompts is None:

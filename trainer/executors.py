@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer import features, threadsafe
+from trainer.faults import NONE as NO_FAULTS, Faults
 from trainer.gradients import all_reduce_mean, mean_across
 from trainer.setup import Setup
 from trainer.steps import Work, batch_index, compile_buckets, forward_backward, prepare_work
@@ -84,19 +85,14 @@ class Stopped(Exception):
     """Another thread failed or the run is closing."""
 
 
-class InjectedFailure(RuntimeError):
-    """Raised on purpose by --fail-at, to test that a failing worker ends the whole run."""
-
-
 class ThreadedExecutor:
     """Target workers and drafter replicas as threads, each on its device."""
 
     def __init__(self, setup: Setup, *, gate: threadsafe.CompileGate, mitigations: bool = True,
-                 strict_compile: bool = False, fail_at: str | None = None, dist=None, unwarmed: tuple[int, ...] = ()):
+                 strict_compile: bool = False, dist=None, faults: Faults = NO_FAULTS):
         self.setup, self.gate, self.dist = setup, gate, dist
         self.mitigations, self.strict_compile = mitigations, strict_compile
-        self.fail_at = parse_fail_at(fail_at)
-        self.unwarmed = set(unwarmed)
+        self.faults = faults
         self.world_size = dist.get_world_size() if dist else 1
         self.rank = dist.get_rank() if dist else 0
         replicas = len(setup.replicas)
@@ -117,7 +113,7 @@ class ThreadedExecutor:
 
     # -- the interface ----------------------------------------------------------------------------
     def warmup(self, buckets: list[int], progress=None) -> list[int]:
-        buckets = [b for b in buckets if b not in self.unwarmed]  # --unwarmed: what a shape nobody warmed does
+        buckets = [b for b in buckets if b not in self.faults.unwarmed]  # what a shape nobody warmed does
         compile_buckets(self.setup, buckets, progress)
         self.gate.warmed = {(index, bucket) for index in range(len(self.setup.replicas)) for bucket in buckets}
         return buckets
@@ -221,17 +217,6 @@ class ThreadedExecutor:
 
         return threading.Thread(target=run, name=name, daemon=True)
 
-    def _injected(self, kind: str, index: int, step: int) -> None:
-        if not self.fail_at or self.fail_at[:3] != (kind, index, step):
-            return
-        if self.fail_at[3] == "stall":  # a worker that hangs: the others must not wait forever
-            self.stop.wait()
-            raise Stopped
-        if self.fail_at[3] == "slow":  # a worker far behind the others: memory must stay bounded
-            time.sleep(2.0)
-            return
-        raise InjectedFailure(f"--fail-at {kind}:{index}:{step}")
-
     # -- the workers ------------------------------------------------------------------------------
     def _target_worker(self, index: int) -> None:
         setup, target = self.setup, self.setup.targets[index]
@@ -244,7 +229,8 @@ class ThreadedExecutor:
             if step >= setup.cfg.steps:
                 return
             self._wait_for_room(step)
-            self._injected("target", index, step)
+            if self.faults.inject("target", index, step, self.stop):
+                raise Stopped
             with self.gate.shared():  # a foreign trace must not capture the target's module calls (H2)
                 work = prepare_work(setup, step, batch_index(step, replica, replicas, self.rank, self.world_size),
                                     target)
@@ -261,7 +247,8 @@ class ThreadedExecutor:
                 pending[work.step] = work
                 self.max_pending = max(self.max_pending, len(pending))
             work = pending.pop(step)
-            self._injected("drafter", index, step)
+            if self.faults.inject("drafter", index, step, self.stop):
+                raise Stopped
             with self.gate.for_shape((index, work.bucket)):
                 loss = forward_backward(replica, work.inputs)
             self._average_gradients(index, replica)
@@ -283,10 +270,3 @@ class ThreadedExecutor:
         for param, mean in zip(params, self._mean_grads):
             param.grad = mean.to(param.device, non_blocking=True) if param.device != mean.device else mean.clone()
         self._barrier()  # every replica has its copy before the next step overwrites the mean
-
-
-def parse_fail_at(spec: str | None):
-    if not spec:
-        return None
-    kind, index, step, *how = spec.split(":")  # KIND:INDEX:STEP[:stall|slow]
-    return kind, int(index), int(step), (how or ["raise"])[0]

@@ -11,7 +11,6 @@ DIR/envkit-export.json what was exported from where (training config, chat templ
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import shutil
@@ -25,6 +24,7 @@ from trainer import modelcard
 from trainer.config import TrainConfig
 from trainer.errors import TrainerInputError
 from trainer.files import file_sha256
+from trainer.target import same_checksum, weights_checksum
 
 EXPORT_MANIFEST = "envkit-export.json"
 
@@ -88,17 +88,6 @@ def drafter_config(cfg: TrainConfig, layer_ids: list[int], mask_token_id: int, d
         # How the training data was rendered: serve with the same template kwargs (e.g. enable_thinking).
         "chat_template_kwargs": chat_template_kwargs,
     }
-
-
-def weights_checksum(model: torch.nn.Module) -> list[float]:
-    """Cheap identity of a model's weights, computed on their device: per-tensor float64 sums of x and |x|."""
-    with torch.no_grad():  # accumulated in float64 without a float64 copy of an 8B model
-        return [float(t.sum(dtype=torch.float64)) for p in model.state_dict().values() for t in (p, p.abs())]
-
-
-def same_checksum(a: list[float], b: list[float]) -> bool:
-    # Reduction order may vary with the thread count: equal up to float64 rounding.
-    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-6) for x, y in zip(a, b))
 
 
 def _rebuild_target(cfg: TrainConfig, recorded: dict) -> torch.nn.Module:

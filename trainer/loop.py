@@ -25,12 +25,14 @@ from trainer.board import Board
 from trainer.config import TrainConfig
 from trainer.errors import NonFiniteLoss, TrainerInputError
 from trainer.executors import SequentialExecutor, StepResult, ThreadedExecutor
-from trainer.export import weights_checksum
+from trainer.faults import NONE as NO_FAULTS, Faults
 from trainer.gradients import any_rank, max_across_ranks, sum_across_ranks, weights_digest
 from trainer.launcher import restart_count
 from trainer.monitor import CompileMonitor, inductor_cache_counters
+from trainer.records import StepRow, Summary
 from trainer.setup import Setup, build
 from trainer.steps import prepare
+from trainer.target import weights_checksum
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -56,9 +58,10 @@ def peak_memory(device: torch.device) -> int:
 
 class Trainer:
     def __init__(self, setup: Setup, executor, out_dir: str | Path, *, resume: bool = False, log=print,
-                 dist=None, strict_compile: bool = False, mitigations: dict | None = None):
+                 dist=None, strict_compile: bool = False, installed_mitigations: dict | None = None):
         self.setup, self.executor, self.cfg, self.log = setup, executor, setup.cfg, log
-        self.dist, self.strict_compile, self.mitigations = dist, strict_compile, mitigations
+        # What threadsafe.install() put in place (None: a layout without threads; {}: switched off).
+        self.dist, self.strict_compile, self.installed_mitigations = dist, strict_compile, installed_mitigations
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.monitor = CompileMonitor()
@@ -94,17 +97,17 @@ class Trainer:
 
     @classmethod
     def threaded(cls, cfg: TrainConfig, out_dir: str | Path, *, targets: list[str], drafters: list[str],
-                 mitigations: bool = True, strict_compile: bool = False, fail_at: str | None = None,
-                 resume: bool = False, log=print, dist=None, unwarmed: tuple[int, ...] = ()) -> "Trainer":
+                 mitigations: bool = True, strict_compile: bool = False, resume: bool = False, log=print, dist=None,
+                 faults: Faults = NO_FAULTS) -> "Trainer":
         """Target workers and drafter replicas as threads, each on its device; under torchrun one process each."""
         installed = threadsafe.install() if mitigations else {}  # before any replica compiles its loss
         if mitigations:
             threadsafe.apply_dynamo_settings(strict=strict_compile)
         setup = build(cfg, drafters=drafters, targets=targets, log=log)
         executor = ThreadedExecutor(setup, gate=threadsafe.CompileGate(enabled=mitigations), mitigations=mitigations,
-                                    strict_compile=strict_compile, fail_at=fail_at, dist=dist, unwarmed=unwarmed)
+                                    strict_compile=strict_compile, dist=dist, faults=faults)
         return cls(setup, executor, out_dir, resume=resume, log=log, dist=dist, strict_compile=strict_compile,
-                   mitigations=installed)
+                   installed_mitigations=installed)
 
     def _resume_state(self, wanted: bool) -> dict | None:
         """The checkpoint to continue from: `--resume`, or a torchrun restart. Under torchrun only rank 0's
@@ -160,17 +163,17 @@ class Trainer:
         self.recent_losses = (self.recent_losses + [result.loss])[-self.cfg.log_every:]
         return self._row(result, seconds)
 
-    def _row(self, result: StepResult, seconds: float) -> dict:
+    def _row(self, result: StepResult, seconds: float) -> StepRow:
         extra = dict(result.extra)
         health = self.monitor.since_warm()
         # Compiles after warm-up that went through the compile gate count too (a shape outside the buckets).
         health["recompiles"] = max(health["recompiles"], extra.pop("gated_compiles", 0))
         devices = [replica.device for replica in self.setup.replicas]
         peak = peak_memory(devices[0]) if len(devices) == 1 else {str(d): peak_memory(d) for d in devices}
-        return {"step": result.step, "loss": round(result.loss, 5),
-                **throughput(result.positions, result.useful_tokens, seconds), **result.stats,
-                "lr": self.setup.replica.scheduler.get_last_lr()[0], "peak_mem_bytes": peak, "bucket": result.bucket,
-                **extra, **health}
+        return StepRow(step=result.step, loss=round(result.loss, 5),
+                       **throughput(result.positions, result.useful_tokens, seconds), **result.stats,
+                       lr=self.setup.replica.scheduler.get_last_lr()[0], peak_mem_bytes=peak, bucket=result.bucket,
+                       **extra, **health)
 
     def _after_step(self, row: dict) -> None:
         cfg = self.cfg
@@ -200,7 +203,8 @@ class Trainer:
         cfg = self.cfg
         started = time.perf_counter()
         buckets = self.warmup()
-        mitigations = "" if self.mitigations is None else f"; mitigations: {self.mitigations or 'OFF'}"
+        mitigations = "" if self.installed_mitigations is None else \
+            f"; mitigations: {self.installed_mitigations or 'OFF'}"
         rank = f"rank {self.dist.get_rank()}: " if self.dist else ""  # every rank says what it hit and missed
         self.log(f"{rank}warm-up: {len(buckets)} buckets x {len(self.setup.replicas)} replicas in "
                  f"{time.perf_counter() - started:.1f}s ({inductor_cache_counters()}){mitigations}")
@@ -324,10 +328,11 @@ class Trainer:
         for line in walk.render_example(tokenizer, prompt, trace):
             self.log("  " + line)
 
-    def summary(self, first_eval: dict, final_eval: dict, final_walk: dict, counters: dict) -> dict:
+    def summary(self, first_eval: dict, final_eval: dict, final_walk: dict, counters: dict) -> Summary:
         tau = final_eval["acceptance_length"]
         walk_tau = final_walk["walk_tau"]
         last_row = self._last_row
+        # The fields: trainer/records.py Summary.
         return {"summary": True, "walk_tau": walk_tau, "walk_repeat_tau": final_walk["walk_repeat_tau"],
                 "walk_copy_tau": final_walk["walk_copy_tau"], "walk_method": final_walk["walk_method"],
                 "walk_prompts": final_walk["walk_prompts"], "walk_new_tokens": final_walk["walk_new_tokens"],

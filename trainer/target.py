@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import threading
 from pathlib import Path
 
@@ -186,3 +187,14 @@ def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
         up_to_layer(model, max(layer_ids))(input_ids=input_ids, attention_mask=attention_mask,
                                            position_ids=position_ids, use_cache=False)
         return states()
+
+
+def weights_checksum(model: torch.nn.Module) -> list[float]:
+    """Cheap identity of a model's weights, computed on their device: per-tensor float64 sums of x and |x|."""
+    with torch.no_grad():  # accumulated in float64 without a float64 copy of an 8B model
+        return [float(t.sum(dtype=torch.float64)) for p in model.state_dict().values() for t in (p, p.abs())]
+
+
+def same_checksum(a: list[float], b: list[float]) -> bool:
+    # Reduction order may vary with the thread count: equal up to float64 rounding.
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-6) for x, y in zip(a, b))

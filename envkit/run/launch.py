@@ -35,6 +35,7 @@ from envkit.uvtool import uv_version
 from envkit.fsops import write_json_atomic
 from envkit.venv import Venv
 from trainer.children import die_with_parent
+from trainer.records import details
 
 # Warnings that `envkit train` itself resolves: it warms a cold cache and runs the hazard self-tests that
 # have not run in this venv yet (a failed self-test is a fail finding, which stops the run).
@@ -337,18 +338,5 @@ def describe_summary(record: dict, run_dir: Path) -> str:
         lines.append(f"  node {node.get('group_rank')} of {node.get('nnodes')}: the writer (global rank 0) ran on "
                      f"another node; metrics, checkpoints and the summary are in that node's run dir")
     if summary:
-        verdict = "beats both baselines" if summary["beats_baselines"] else \
-            "does NOT beat both baselines: nothing worth reporting was learned"
-        lines += [
-            f"  acceptance length (greedy decoding walk, {summary.get('walk_prompts')} held-out prompts, lossless): "
-            f"{summary['walk_tau']:.2f} (repeat-anchor {summary['walk_repeat_tau']:.2f}, copy "
-            f"{summary['walk_copy_tau']:.2f}: {verdict})",
-            f"  teacher-forced acceptance length {summary['tau_start']:.2f} -> {summary['tau_end']:.2f} "
-            f"(repeat-anchor {summary['baseline_repeat_tau']:.2f}, copy {summary['baseline_copy_tau']:.2f})",
-            f"  loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}",
-            f"  {(summary.get('useful_tokens_per_s') or summary['tokens_per_s']) / 1000:.1f} Ktok/s useful "
-            f"(padding {summary.get('pad_fraction') or 0:.0%}), eager fallbacks {summary['eager_fallbacks']}, "
-            f"recompiles {summary['recompiles']}, inductor cache hits {summary['fxgraph_cache_hit']} / misses "
-            f"{summary['fxgraph_cache_miss']}",
-        ]
+        lines += details(summary)
     return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""What a run writes, defined once: a metrics row (metrics.jsonl), the summary (summary.json) and how a
+summary reads to a person. Torch-free: envkit renders a run's summary with the same functions."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class StepRow(TypedDict, total=False):
+    """One line of metrics.jsonl per training step (the README's metrics table)."""
+    step: int  # steps done, this one included
+    loss: float
+    tokens_per_s: float  # every position processed, padding included
+    useful_tokens_per_s: float  # real tokens only
+    pad_fraction: float
+    doc_tokens_sq: int  # sum of squared document lengths: the target's block-diagonal attention, for FLOPs
+    anchors: int  # anchors placed
+    lr: float
+    peak_mem_bytes: int | dict  # per device when a process drives several
+    bucket: int  # the padded length of the step's batch
+    recompiles: int  # graphs compiled after warm-up (compiles through the compile gate included)
+    eager_fallbacks: int  # frames dynamo gave up on and ran eager after warm-up
+    graph_breaks: int
+    world_size: int  # threaded layout: processes x replicas
+    threads_tokens_per_s: dict  # threaded layout: each thread's throughput
+
+
+class Summary(TypedDict):
+    """summary.json: the run's result, led by the walk (what serving sees)."""
+    summary: bool  # always True: tells the summary line from other JSON lines on stdout
+    walk_tau: float  # accepted + 1 per target forward of the greedy speculative decoding walk
+    walk_repeat_tau: float  # the same walk, drafting by repeating the anchor
+    walk_copy_tau: float  # the same walk, copying what followed the anchor's previous occurrence
+    walk_method: str
+    walk_prompts: int
+    walk_new_tokens: int
+    walk_near_ties: int  # divergences from greedy decoding at a near-tie of the target's logits
+    tau_method: str
+    steps: int
+    loss_start: float | None
+    loss_end: float | None  # the mean of the last log_every steps
+    tau_start: float  # teacher-forced, at step 0
+    tau_end: float
+    baseline_repeat_tau: float  # teacher-forced, on the same positions
+    baseline_copy_tau: float
+    beats_baselines: bool  # the walk beats both rules
+    teacher_forced_beats_baselines: bool
+    tokens_per_s: float | None
+    useful_tokens_per_s: float | None
+    pad_fraction: float | None
+    recompiles: int
+    eager_fallbacks: int
+    graph_breaks: int
+    world_size: int
+    restarts: int  # torchrun restarts of the worker group
+    # and the inductor cache counters: fxgraph_cache_hit/miss/bypass, autograd_cache_hit/miss
+
+
+def headline(summary: Summary) -> str:
+    """The trainer's last line: the walk against both rules, then the teacher-forced figures and the loss."""
+    verdict = "beats both" if summary["beats_baselines"] else \
+        "does NOT beat both baselines: it has learned nothing worth reporting"
+    return (f"done: walk tau {summary['walk_tau']:.2f} (repeat-anchor {summary['walk_repeat_tau']:.2f}, copy "
+            f"{summary['walk_copy_tau']:.2f}: {verdict}); teacher-forced tau {summary['tau_start']:.2f} -> "
+            f"{summary['tau_end']:.2f}; loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}")
+
+
+def details(summary: Summary) -> list[str]:
+    """A finished run as `envkit train` and `envkit runs` tell it: one indented line a figure."""
+    verdict = "beats both baselines" if summary["beats_baselines"] else \
+        "does NOT beat both baselines: nothing worth reporting was learned"
+    return [
+        f"  acceptance length (greedy decoding walk, {summary.get('walk_prompts')} held-out prompts, lossless): "
+        f"{summary['walk_tau']:.2f} (repeat-anchor {summary['walk_repeat_tau']:.2f}, copy "
+        f"{summary['walk_copy_tau']:.2f}: {verdict})",
+        f"  teacher-forced acceptance length {summary['tau_start']:.2f} -> {summary['tau_end']:.2f} "
+        f"(repeat-anchor {summary['baseline_repeat_tau']:.2f}, copy {summary['baseline_copy_tau']:.2f})",
+        f"  loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}",
+        f"  {(summary.get('useful_tokens_per_s') or summary['tokens_per_s']) / 1000:.1f} Ktok/s useful "
+        f"(padding {summary.get('pad_fraction') or 0:.0%}), eager fallbacks {summary['eager_fallbacks']}, "
+        f"recompiles {summary['recompiles']}, inductor cache hits {summary['fxgraph_cache_hit']} / misses "
+        f"{summary['fxgraph_cache_miss']}",
+    ]
