@@ -25,7 +25,7 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
-from envkit import cache  # noqa: E402
+from envkit.cache.fingerprint import files_digest, scan  # noqa: E402
 
 
 def cache_env(cache_dir: Path) -> dict:
@@ -73,7 +73,7 @@ def fingerprint_rate() -> float:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(os.urandom(32_000_000 // 210))
     started = time.perf_counter()
-    cache.files_digest(cache.scan(tmp))
+    files_digest(scan(tmp))
     seconds = time.perf_counter() - started
     shutil.rmtree(tmp)
     return 32 / seconds
@@ -106,7 +106,7 @@ def main() -> None:
         load_s.append(time.perf_counter() - started)
         times["imported"].append(first_step_seconds(args, extra, imported))
     medians = {k: round(statistics.median(v), 2) for k, v in times.items()}
-    files = cache.scan(warm_dir)
+    files = scan(warm_dir)
     result = {"preset": args.preset, "bucket": args.bucket, "repeat": args.repeat, "first_step_s": medians,
               "warm_over_cold": round(medians["warm"] / medians["cold"], 3),
               "imported_over_cold": round(medians["imported"] / medians["cold"], 3),

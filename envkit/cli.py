@@ -234,21 +234,21 @@ def warm_cache_command(venv_path, profile_name, preset, config_path, only_verify
     A threaded layout over several devices warms each of them: `-- --targets cuda:0,cuda:1 --drafters cuda:2`.
     Processes under torchrun each see only their own GPU as cuda:0, so one warm-up serves every rank.
     """
-    from envkit import cache
+    from envkit.cache import warmup
 
     _check_preset_choice(preset, config_path)
     venv = _venv(venv_path, profile_name)
     if only_verify:
-        result = cache.verify(venv, preset, config_path)
+        result = warmup.verify(venv, preset, config_path)
         if as_json:
             _print_json({**_as_dict(result), "ok": result.ok})
         else:
             click.echo(render_verification(result))
         sys.exit(0 if result.ok else 1)
-    extra = [arg for arg in layout if arg not in cache.layout_args(layout)]
+    extra = [arg for arg in layout if arg not in warmup.layout_args(layout)]
     if extra:
         raise click.UsageError(f"after `--` warm-cache takes only --targets, --drafters and --device, not {extra[0]}")
-    result = cache.warm(venv, preset, config_path, quiet=as_json, layout=layout)
+    result = warmup.warm(venv, preset, config_path, quiet=as_json, layout=layout)
     if as_json:
         _print_json(_as_dict(result))
     else:
@@ -272,11 +272,11 @@ def selftest_command(venv_path, profile_name, as_json):
     with the mitigation on, in the venv's own torch, with the environment training runs in.
     `warm-cache` runs them too. Exit 1 when one fails.
     """
-    from envkit import cache
+    from envkit.cache import warmup
     from envkit.selftest import render
 
     venv = _venv(venv_path, profile_name)
-    record = cache.run_selftests(venv)
+    record = warmup.run_selftests(venv)
     if as_json:
         _print_json(record)
     else:
@@ -348,9 +348,9 @@ def cache_import_command(file, venv_path, profile_name, pinned, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def cache_ls_command(as_json):
     """List compile caches with their preset, venv and size."""
-    from envkit import cache
+    from envkit.cache import store
 
-    rows = cache.list_caches()
+    rows = store.list_caches()
     if as_json:
         return _print_json(rows)
     for row in rows:
@@ -365,9 +365,9 @@ def cache_ls_command(as_json):
 @click.option("--json", "as_json", is_flag=True)
 def cache_prune_command(dry_run, as_json):
     """Remove caches of env keys no venv uses any more."""
-    from envkit import cache
+    from envkit.cache import store
 
-    removed = cache.prune(dry_run=dry_run)
+    removed = store.prune(dry_run=dry_run)
     if as_json:
         return _print_json(removed)
     for row in removed:

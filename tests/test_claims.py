@@ -80,7 +80,7 @@ def test_ld_library_path_outside_the_venv_with_cuda_libraries_is_a_leak(tmp_path
 
 
 def test_cache_prune_removes_only_caches_no_venv_uses(tmp_path, monkeypatch):
-    from envkit.cache import files_digest
+    from envkit.cache.fingerprint import files_digest
 
     root = tmp_path / "cache-root"
     monkeypatch.setenv("ENVKIT_CACHE_DIR", str(root))

@@ -192,7 +192,7 @@ def test_text_data_and_corpus_prompts(tmp_path):
 
     held = [f for f in corpus.files() if f.held_out][:4]
     train = [f for f in corpus.files() if not f.held_out][:12]
-    tokenizer = maketarget._train_tokenizer([corpus.read(f) for f in train + held], 300)
+    tokenizer = maketarget.train_tokenizer([corpus.read(f) for f in train + held], 300)
     cfg = DataConfig(buckets=[32, 64])
 
     text = corpus.read(train[0])

@@ -131,7 +131,7 @@ def ensure(name: str, log=print) -> Path:
     return out
 
 
-def _train_tokenizer(texts: list[str], vocab_size: int):
+def train_tokenizer(texts: list[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -211,7 +211,7 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
     train_files = [f for f in files if not f.held_out]
     held_files = [f for f in files if f.held_out]
     train_texts = [corpus.read(f) for f in train_files]
-    tokenizer = _train_tokenizer(train_texts, chosen.vocab_size)
+    tokenizer = train_tokenizer(train_texts, chosen.vocab_size)
     stream = _token_stream(tokenizer, train_texts)
     held_stream = _token_stream(tokenizer, [corpus.read(f) for f in held_files])
     log(f"target {name}: tokenizer of {len(tokenizer)} tokens; {len(train_files)} training files "

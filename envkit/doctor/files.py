@@ -89,7 +89,7 @@ def modified_files(ctx: Context) -> list[tuple[str, str, str, str]]:
     to_hash = [entry for entry in entries if not _unchanged(index, entry[1], entry[2], entry[3])]
     # hashlib releases the GIL, so threads hash files in parallel.
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        hashed = list(pool.map(lambda entry: _file_digest(entry[2]), to_hash, chunksize=64))
+        hashed = list(pool.map(lambda entry: _file_digest(entry[2]), to_hash))
     ctx.files_checked, ctx.files_hashed = len(entries), len(to_hash)
     verified = {relative: known for relative, known in index.items()}
     changed = []

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from envkit import __version__, cache, doctor, paths, selftest
-from envkit.cache.fingerprint import tampered_names
+from envkit import __version__, doctor, paths, selftest
+from envkit.cache import warmup
+from envkit.cache.fingerprint import read_fingerprint, tampered_names
+from envkit.cache.key import compile_root, describe, ensure_private_dir, env_key, key_parts
 from envkit.doctor.findings import Report, Status
 from envkit.errors import RunError
 from envkit.text import printable
@@ -128,12 +130,12 @@ def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, describe
                      config_path: Path) -> tuple[Path, str | None]:
     if not described["config"].get("compile"):
         # Nothing is compiled, so nothing to warm or verify; the private dir still keeps torch out of /tmp.
-        cache_dir = cache.compile_root() / cache.env_key(cache.key_parts(venv, None, str(config_path), described))
-        cache.ensure_private_dir(cache_dir)
+        cache_dir = compile_root() / env_key(key_parts(venv, None, str(config_path), described))
+        ensure_private_dir(cache_dir)
         _prove_mitigations(venv, cache_dir, described["torch"], phases)
         return cache_dir, None
     with phases.phase("cache", "verify"):
-        result = cache.verify(venv, None, str(config_path), described)
+        result = warmup.verify(venv, None, str(config_path), described)
     if result.tampered:
         raise RunError(f"the compile cache {result.cache_dir} changed since it was fingerprinted or holds entries no "
                        f"fingerprint can vouch for ({tampered_names(result)}); remove it and run `envkit warm-cache`")
@@ -142,10 +144,10 @@ def _preflight_cache(venv: Venv, request: TrainRequest, phases: Phases, describe
             raise RunError(f"the compile cache for this run's config is cold (env key {result.env_key}); run "
                            f"`envkit warm-cache --venv {shlex.quote(str(venv.path))} --config {shlex.quote(str(config_path))}` first, or drop --no-warm")
         with phases.phase("warm-cache", f"cold env key {result.env_key}"):
-            cache.warm(venv, None, str(config_path), described=described, quiet=not sys.stderr.isatty(),
-                       layout=cache.layout_args(request.trainer_args))
+            warmup.warm(venv, None, str(config_path), described=described, quiet=not sys.stderr.isatty(),
+                       layout=warmup.layout_args(request.trainer_args))
     _prove_mitigations(venv, Path(result.cache_dir), described["torch"], phases)
-    fingerprint = cache.read_fingerprint(Path(result.cache_dir))
+    fingerprint = read_fingerprint(Path(result.cache_dir))
     return Path(result.cache_dir), fingerprint["digest"]
 
 
@@ -154,7 +156,7 @@ def _prove_mitigations(venv: Venv, cache_dir: Path, torch_version: str, phases: 
     record = selftest.read(venv)
     if not selftest.is_current(venv, torch_version, trainer_digest()):  # warm-cache ran them, else here
         with phases.phase("self-test", "hazard mitigations, first time in this venv"):
-            record = cache.prove_mitigations(venv, cache_dir, torch_version)
+            record = warmup.prove_mitigations(venv, cache_dir, torch_version)
     failed = [f"{hazard} ({result.get('detail')})" for hazard, result in (record or {}).get("results", {}).items()
               if not result.get("passed")]
     if failed:
@@ -183,7 +185,7 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
         _run_dir(request, "")
     venv = _preflight_venv(request, phases)
     profile = _preflight_doctor(venv, request, phases)
-    described = cache.describe(venv, request.preset, request.config, request.trainer_args)
+    described = describe(venv, request.preset, request.config, request.trainer_args)
     run_dir = _run_dir(request, described["preset"])
     try:
         run_dir.mkdir(parents=True)
