@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass, field
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from trainer.buckets import bucket_for
 from trainer.config import DataConfig
 from trainer.errors import TrainerInputError
 
@@ -18,6 +18,13 @@ from trainer.errors import TrainerInputError
 class Sequence:
     input_ids: list[int]
     loss_mask: list[int]
+
+
+def bucket_for(length: int, buckets: list[int]) -> int:
+    """The smallest bucket that holds `length` (longer sequences are truncated to the largest): every batch is
+    padded to one of a few lengths, so each shape compiles once."""
+    index = bisect.bisect_left(buckets, length)
+    return buckets[min(index, len(buckets) - 1)]
 
 
 @dataclass

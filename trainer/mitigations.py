@@ -27,7 +27,7 @@ MITIGATIONS = {m.hazard: m for m in (
     Mitigation("H3", "dynamo settings applied at the start of every worker thread",
                "trainer/threadsafe.py apply_dynamo_settings()", "dynamo_settings_in_worker_thread"),
     Mitigation("H4", "sequences padded to fixed length buckets, each compiled once before training",
-               "trainer/buckets.py", "bucketed_shapes_compile_once"),
+               "trainer/data.py", "bucketed_shapes_compile_once"),
     Mitigation("H5", "envkit points TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR at a private 0700 dir",
                "envkit/trainer_process.py trainer_env()", "private_compile_cache"),
     Mitigation("H6", "warmers serialise on a file lock held around the whole warm-up",

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from trainer import threadsafe
-from trainer.buckets import bucket_for
+from trainer.data import bucket_for
 from trainer.mitigations import MITIGATIONS, WARM_LOCK_ENV
 from trainer.monitor import CompileMonitor
 
