@@ -123,7 +123,7 @@ def small_threaded(tmp_path, **kwargs):
 def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
     from trainer.data import collate
     from trainer.gradients import weights_digest
-    from trainer.steps import prepare
+    from trainer.steps import step_inputs
 
     trainer = small_threaded(tmp_path)
     summary = trainer.train()
@@ -147,7 +147,7 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
         while not stop.is_set():
             try:
                 with gate.shared():
-                    prepare(setup, batch, torch.Generator().manual_seed(0))
+                    step_inputs(setup, batch, torch.Generator().manual_seed(0))
             except Exception as exc:  # pragma: no cover - the failure this test exists to catch
                 errors.append(exc)
                 return
@@ -158,7 +158,7 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
         replica = setup.replicas[0]
         odd = collate([[seq] for seq in setup.train_data.sequences[:2]], 96)
         with gate.for_shape((0, 96)) as compiling:
-            replica.loss_fn(prepare(setup, odd, torch.Generator().manual_seed(1)).to(replica.device)).backward()
+            replica.loss_fn(step_inputs(setup, odd, torch.Generator().manual_seed(1)).to(replica.device)).backward()
     finally:
         stop.set()
         other.join()

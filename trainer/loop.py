@@ -31,7 +31,7 @@ from trainer.launcher import restart_count
 from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.records import StepRow, Summary
 from trainer.setup import Setup, build
-from trainer.steps import prepare
+from trainer.steps import step_inputs
 from trainer.target import weights_checksum
 
 CHECKPOINT = "checkpoint.pt"
@@ -267,7 +267,7 @@ class Trainer:
             for start in range(0, len(members), cfg.batch_size):
                 rows = [setup.eval_data.row(i) for i in members[start:start + cfg.batch_size]]
                 batch = datasets.collate(rows, bucket)
-                inputs = prepare(setup, batch, generator).to(replica.device)
+                inputs = step_inputs(setup, batch, generator).to(replica.device)
                 anchors = inputs.anchors
                 draft = replica.draft(inputs.tapped, inputs.block_ids, anchors, inputs.positions, inputs.doc_ids)  # (B, Q)
                 draft = draft.view(anchors.shape[0], anchors.shape[1], cfg.drafter.block_size)

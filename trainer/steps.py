@@ -53,7 +53,7 @@ def target_states(setup: Setup, target_model, batch: dict) -> torch.Tensor:
     return tapped_states(target_model, batch["input_ids"], batch["attention_mask"], setup.layer_ids)
 
 
-def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=None, features=None) -> StepInputs:
+def step_inputs(setup: Setup, batch: dict, generator: torch.Generator, target_model=None, features=None) -> StepInputs:
     """Anchors, the target's tapped states and the block tensors of a batch, on the target's device. With
     `features` (trainer/features.py) the states are the rows' precomputed ones."""
     cfg = setup.cfg
@@ -71,12 +71,12 @@ def prepare(setup: Setup, batch: dict, generator: torch.Generator, target_model=
     return StepInputs(tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"])
 
 
-def prepare_work(setup: Setup, step: int, index: int, target_model=None, features=None) -> Work:
+def work_for(setup: Setup, step: int, index: int, target_model=None, features=None) -> Work:
     """The batch at position `index` of the data order, prepared for `step`."""
     cfg = setup.cfg
     batch = setup.train_data.batch(index, cfg.batch_size, cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed * 7_919 + index)
-    inputs = prepare(setup, batch, generator, target_model, features)
+    inputs = step_inputs(setup, batch, generator, target_model, features)
     return Work(step, inputs, int(batch["lengths"].sum()), int(batch["input_ids"].numel()),
                 int(batch["input_ids"].shape[1]), work_stats(batch, inputs.anchors))
 
@@ -103,9 +103,9 @@ def compile_buckets(setup: Setup, buckets: list[int], progress=None) -> None:
     generator = torch.Generator().manual_seed(0)
     for done, bucket in enumerate(buckets, 1):
         batch = setup.train_data.bucket_batch(bucket, setup.cfg.batch_size)
-        inputs = prepare(setup, batch, generator, setup.targets[0])
+        inputs = step_inputs(setup, batch, generator, setup.targets[0])
         for target in setup.targets[1:]:  # each target's attention compiles for its own device
-            prepare(setup, batch, generator, target)
+            step_inputs(setup, batch, generator, target)
         for replica in setup.replicas:
             forward_backward(replica, inputs)
             replica.optimizer.zero_grad(set_to_none=True)
