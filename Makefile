@@ -10,8 +10,11 @@ REFERENCE_DFLASH := dflash==0.1.0
 
 .PHONY: install demo test test-fast bench
 
+# An editable install writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set nothing ever does: every
+# `envkit` command would compile its ~130 modules from source (25 ms of doctor's 0.3 s). Compile them once.
 install:
 	$(PIP) install -q -e .
+	$(PYTHON) -m compileall -q envkit trainer
 
 # The main job end to end on the embedded `tiny` CPU default: create, doctor, warm-cache, train, summary.
 demo: install
@@ -21,6 +24,7 @@ demo: install
 test:
 	$(PIP) install -q -e '.[dev]' $(TEST_TRAIN_PINS)
 	$(PIP) install -q --no-deps $(REFERENCE_DFLASH)
+	$(PYTHON) -m compileall -q envkit trainer
 	$(PYTHON) -m pytest -q -ra
 
 test-fast:

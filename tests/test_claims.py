@@ -247,3 +247,27 @@ def test_the_stat_index_never_hides_an_edit_with_its_mtime_restored(tmp_path, te
     assert modified() == ["ekt_alpha/__init__.py"]
     deep = json.loads(run_envkit("doctor", "--venv", str(venv), "--json", "--deep").stdout)
     assert any(f["subject"] == "ekt_alpha/__init__.py" and f["status"] == "fail" for f in deep["findings"])
+
+
+def test_an_edited_record_is_read_again_even_with_its_mtime_restored(tmp_path, test_lock, wheelhouse, monkeypatch):
+    """doctor skips parsing a RECORD whose stat is unchanged since it was indexed; a RECORD edited in place (a
+    file's digest changed, the size and mtime put back) is parsed again and its file no longer matches."""
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    venv = tmp_path / "env"
+    run_envkit(*create_args(test_lock, venv, "--find-links", str(wheelhouse)), check=True)
+
+    def modified() -> list[str]:
+        report = json.loads(run_envkit("doctor", "--venv", str(venv), "--json").stdout)
+        return [f["subject"] for f in report["findings"] if f["id"] == "files.modified" and f["status"] == "fail"]
+
+    assert modified() == [] and modified() == []  # the second run reads the RECORDs from the index
+    record = next(next((venv / "lib").glob("python3*/site-packages")).glob("ekt_alpha-*.dist-info")) / "RECORD"
+    before = record.stat()
+    text = record.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("ekt_alpha/__init__.py,sha256="))
+    digest = row.split("sha256=")[1].split(",")[0]
+    forged = ("A" if digest[0] != "A" else "B") + digest[1:]  # the same length: the RECORD keeps its size
+    record.write_text(text.replace(digest, forged))
+    os.utime(record, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert record.stat().st_size == before.st_size and record.stat().st_mtime_ns == before.st_mtime_ns
+    assert modified() == ["ekt_alpha/__init__.py"]

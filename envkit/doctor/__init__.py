@@ -83,7 +83,7 @@ def fix(ctx: Context, *, find_links=(), offline=False, no_index=False) -> None:
     for dists in duplicated:
         for dist in dists:
             shutil.rmtree(dist.dist_info, ignore_errors=True)
-            ctx._records.pop(dist.dist_info, None)  # gone: it owns no .pth any more
+            ctx.forget(dist)  # gone: it owns no .pth any more
     # A .pth that no package installed is not part of any lock.
     owners = files.pth_owners(ctx)
     for pth in ctx.site_packages.glob("*.pth"):

@@ -30,6 +30,8 @@ class Context:
     files_checked: int = 0  # set by the RECORD check, for its summary line
     files_hashed: int = 0  # of those, how many were read (the others' stat matched the doctor index)
     record_problems: dict = field(default_factory=dict)  # dist-info name -> why its RECORD is unreadable
+    # dist-info name -> what the RECORD checks need of it (envkit.doctor.files)
+    record_summaries: dict = field(default_factory=dict, repr=False)
     _records: dict = field(default_factory=dict, repr=False)  # dist-info path -> RECORD rows
 
     @functools.cached_property
@@ -57,6 +59,18 @@ class Context:
                 self._records[dist.dist_info] = []
                 self.record_problems[dist.dist_info.name] = str(exc)
         return self._records[dist.dist_info]
+
+    def forget(self, dist: Distribution) -> None:
+        """A dist-info removed during this run owns no files any more."""
+        self._records.pop(dist.dist_info, None)
+        self.record_summaries.pop(dist.dist_info.name, None)
+
+    @functools.cached_property
+    def stat_index(self):
+        """doctor's stat index of this venv (None with --deep, which hashes everything)."""
+        from envkit.doctor import statindex
+
+        return None if self.deep else statindex.load(self.venv)
 
     @functools.cached_property
     def python_version(self) -> str:

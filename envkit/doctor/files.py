@@ -6,7 +6,6 @@ import base64
 import hashlib
 import os
 import shlex
-import stat
 from concurrent.futures import ThreadPoolExecutor
 
 from envkit.doctor import statindex
@@ -42,32 +41,43 @@ def _inside(relative: str) -> bool:
     return ".." not in relative.replace("\\", "/").split("/")
 
 
-def _record_entries(ctx: Context, dist) -> list[tuple[str, str, str]]:
-    """(relative path, absolute path, RECORD digest) of the files to check (paths as strings: pathlib costs
-    more than the check itself on torch's ~20,000 rows)."""
-    entries, root = [], str(ctx.site_packages)
-    for row in ctx.record_rows(dist):
-        if len(row) < 2 or not row[1].startswith("sha256="):
-            continue
-        relative = row[0]
-        if not ctx.deep and not relative.endswith(SOURCE_SUFFIXES):
-            continue
-        if not _inside(relative):
-            continue  # scripts outside site-packages are rewritten by the installer
-        entries.append((relative, os.path.join(root, relative), row[1]))
-    return entries
+def _record_summary(ctx: Context, dist, index: statindex.StatIndex | None) -> dict:
+    """What the checks need of a RECORD: {"stat", "rows": [[relative, digest], ...] to check, "pth": the top-level
+    .pth files it lists}; from the index when the RECORD's stat is unchanged, else parsed (paths as strings:
+    pathlib costs more than the check itself on torch's ~20,000 rows)."""
+    name = dist.dist_info.name
+    if name in ctx.record_summaries:
+        return ctx.record_summaries[name]
+    key = statindex.current_stat_key(str(dist.record_path()))  # before the read: a later edit shows next run
+    known = index.records.get(name) if index else None
+    if key and isinstance(known, dict) and known.get("stat") == key and _well_formed(known):
+        summary = known
+    else:
+        rows, pth = [], []
+        for row in ctx.record_rows(dist):
+            relative = row[0] if row else ""
+            if relative.endswith(".pth") and "/" not in relative:
+                pth.append(relative)
+            if len(row) < 2 or not row[1].startswith("sha256=") or not _inside(relative):
+                continue  # scripts outside site-packages are rewritten by the installer
+            if ctx.deep or relative.endswith(SOURCE_SUFFIXES):
+                rows.append([relative, row[1]])
+        summary = {"stat": key if name not in ctx.record_problems else None, "rows": rows, "pth": pth}
+    ctx.record_summaries[name] = summary
+    return summary
 
 
-def _unchanged(index: dict, relative: str, path: str, expected: str) -> bool:
+def _well_formed(known: dict) -> bool:
+    """An index entry as this module writes it (the index is envkit's, but a damaged one must not mislead)."""
+    rows, pth = known.get("rows"), known.get("pth")
+    return (isinstance(rows, list) and isinstance(pth, list) and all(isinstance(p, str) for p in pth)
+            and all(type(r) is list and len(r) == 2 for r in rows))
+
+
+def _unchanged(index: statindex.StatIndex, relative: str, path: str, expected: str) -> bool:
     """Verified before with this very stat: the content cannot have changed (see statindex)."""
-    known = index.get(relative)
-    if not known or known[4] != expected:
-        return False
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(info.st_mode) and statindex.stat_key(info) == known[:4]
+    known = index.files.get(relative)
+    return bool(known) and known[4] == expected and statindex.current_stat_key(path) == known[:4]
 
 
 def _state(path: str, actual: str | None) -> str:
@@ -81,17 +91,20 @@ def _state(path: str, actual: str | None) -> str:
 def modified_files(ctx: Context) -> list[tuple[str, str, str, str]]:
     """(distribution, path relative to site-packages, edited | missing | unsafe, RECORD digest) for every file
     that differs from its RECORD."""
-    entries = []
+    index = ctx.stat_index
+    root, entries, records = str(ctx.site_packages), [], {}
     for name, dists in ctx.by_name.items():
         if len(dists) == 1:  # duplicates are reported as such; their RECORDs contradict each other
-            entries += [(name, *entry) for entry in _record_entries(ctx, dists[0])]
-    index = {} if ctx.deep else statindex.load(ctx.venv)
+            summary = _record_summary(ctx, dists[0], index)
+            records[dists[0].dist_info.name] = summary
+            entries += [(name, relative, os.path.join(root, relative), digest) for relative, digest in summary["rows"]]
+    index = index or statindex.StatIndex()
     to_hash = [entry for entry in entries if not _unchanged(index, entry[1], entry[2], entry[3])]
     # hashlib releases the GIL, so threads hash files in parallel.
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
         hashed = list(pool.map(lambda entry: _file_digest(entry[2]), to_hash))
     ctx.files_checked, ctx.files_hashed = len(entries), len(to_hash)
-    verified = {relative: known for relative, known in index.items()}
+    verified = dict(index.files)
     changed = []
     for (name, relative, path, expected), (actual, key) in zip(to_hash, hashed):
         if actual == expected:
@@ -99,9 +112,10 @@ def modified_files(ctx: Context) -> list[tuple[str, str, str, str]]:
         else:
             verified.pop(relative, None)
             changed.append((name, relative, _state(path, actual), expected))
-    if to_hash:
+    kept = {} if ctx.deep else {name: summary for name, summary in records.items() if summary["stat"]}
+    if to_hash or kept != index.records:
         listed = {entry[1] for entry in entries}
-        statindex.save(ctx.venv, {r: v for r, v in verified.items() if r in listed})
+        statindex.save(ctx.venv, statindex.StatIndex({r: v for r, v in verified.items() if r in listed}, kept))
     return changed
 
 
@@ -146,23 +160,18 @@ def _edit_diff(ctx: Context, name: str, relative: str, expected: str) -> str:
 
 def pth_owners(ctx: Context) -> dict[str, str]:
     """Which distribution's RECORD lists each top-level .pth file."""
-    owners = {}
-    for dist in ctx.distributions:
-        for row in ctx.record_rows(dist):
-            path = row[0] if row else ""
-            if path.endswith(".pth") and "/" not in path:
-                owners[path] = dist.name
-    return owners
+    return {pth: dist.name for dist in ctx.distributions for pth in _record_summary(ctx, dist, ctx.stat_index)["pth"]}
 
 
 def check_pth(ctx: Context) -> list[Finding]:
     """site.pth: .pth lines that add paths or run code at every interpreter start."""
     findings = []
-    owners = pth_owners(ctx)
+    unusual = [pth for pth in sorted(ctx.site_packages.glob("*.pth")) if pth.name not in STANDARD_PTH]
+    owners = pth_owners(ctx) if unusual else {}
     locked = {p.name for p in ctx.profile.packages} if ctx.profile else set()
-    for pth in sorted(ctx.site_packages.glob("*.pth")):
+    for pth in unusual:
         owner = owners.get(pth.name)
-        if pth.name in STANDARD_PTH or owner in locked:
+        if owner in locked:
             continue  # a locked package's own .pth (an editable install, say) is part of the lock
         fix = f"rm {shlex.quote(str(pth))}" if not owner else ctx.fix_command()
         try:

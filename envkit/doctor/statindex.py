@@ -2,15 +2,19 @@
 
 A file is hashed again when its size, mtime_ns, ctime_ns or inode changed. An edit in place changes
 ctime, which no user can set back (utime changes it too), so a restored mtime does not hide an edit;
-an edit through a hard link (uv's cache) changes the shared inode's ctime as well. The index is
-envkit's own (under ENVKIT_CACHE_DIR, 0600, read without following links) and counts for nothing once
-the venv's lock digest changed. `--deep` ignores it and hashes everything.
+an edit through a hard link (uv's cache) changes the shared inode's ctime as well. The same rule
+covers each RECORD: one whose stat is unchanged is not parsed again, its checked rows come from the
+index (every file they list is still lstat'ed). The index is envkit's own (under ENVKIT_CACHE_DIR,
+0600, read without following links) and counts for nothing once the venv's lock digest changed.
+`--deep` ignores it and hashes everything.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envkit import paths
@@ -18,11 +22,28 @@ from envkit.fsops import write_json_atomic
 from envkit.venv import Venv
 from trainer.files import read_json_file
 
-VERSION = 1
+VERSION = 2
+
+
+@dataclass
+class StatIndex:
+    # path relative to site-packages -> [size, mtime_ns, ctime_ns, inode, RECORD digest], verified earlier
+    files: dict[str, list] = field(default_factory=dict)
+    # dist-info name -> {"stat": the RECORD's stat key, "rows": [[relative, digest], ...] it lists to check}
+    records: dict[str, dict] = field(default_factory=dict)
 
 
 def stat_key(info: os.stat_result) -> list[int]:
     return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+
+
+def current_stat_key(path: str) -> list[int] | None:
+    """The stat key of a regular file (not followed if a link), else None."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return stat_key(info) if stat.S_ISREG(info.st_mode) else None
 
 
 def index_path(venv: Venv) -> Path:
@@ -37,23 +58,24 @@ def _lock_digest(venv: Venv) -> str | None:
         return None
 
 
-def load(venv: Venv) -> dict[str, list]:
-    """{path relative to site-packages: [size, mtime_ns, ctime_ns, inode, RECORD digest]} verified earlier."""
+def load(venv: Venv) -> StatIndex:
+    """What an earlier run verified, or an empty index when there is none for this venv and lock."""
     try:
         data = read_json_file(index_path(venv), limit=256 << 20)
     except ValueError:
-        return {}
+        return StatIndex()
     if not (isinstance(data, dict) and data.get("version") == VERSION and data.get("venv") == str(venv.path)
-            and data.get("lock_digest") == _lock_digest(venv) and isinstance(data.get("files"), dict)):
-        return {}
-    return data["files"]
+            and data.get("lock_digest") == _lock_digest(venv) and isinstance(data.get("files"), dict)
+            and isinstance(data.get("records"), dict)):
+        return StatIndex()
+    return StatIndex(data["files"], data["records"])
 
 
-def save(venv: Venv, files: dict[str, list]) -> None:
+def save(venv: Venv, index: StatIndex) -> None:
     path = index_path(venv)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_json_atomic(path, {"version": VERSION, "venv": str(venv.path), "lock_digest": _lock_digest(venv),
-                                 "files": files}, mode=0o600)
+                                 "files": index.files, "records": index.records}, mode=0o600)
     except OSError:
         pass  # an index that cannot be written costs speed, never correctness
