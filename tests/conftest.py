@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,16 @@ def cpu_venv(tmp_path_factory) -> Path:
     env = dict(os.environ, ENVKIT_HOME=str(home))
     run_envkit("create", "--profile", "cpu", env=env, check=True, timeout=1200)
     return home / "venvs" / "cpu"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, cpu_venv, warm_cache_root):
+    """`envkit train --preset tiny` with its defaults, as the demo runs it: the drafter that gets served (and
+    the trained drafter the random-target ablation reads)."""
+    tmp = tmp_path_factory.mktemp("tiny-run")
+    shutil.copytree(warm_cache_root, tmp / "cache", symlinks=True)
+    env = dict(os.environ, ENVKIT_CACHE_DIR=str(tmp / "cache"), ENVKIT_RUNS_DIR=str(tmp / "runs"),
+               ENVKIT_HOME=str(tmp / "home"))
+    proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "tiny", "--name", "tiny", env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp / "runs" / "tiny", env, proc.stdout

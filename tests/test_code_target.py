@@ -130,11 +130,17 @@ def test_code_export_has_a_card_and_the_reference_decodes_it_with_the_walks_acce
     assert abs(reference_tau - summary["walk_tau"]) < 0.05 * summary["walk_tau"], (reference_tau, summary)
 
 
-def _walk(ckpt: Path, *ablation: str, env: dict | None = None) -> float:
-    proc = subprocess.run([sys.executable, "-m", "trainer", "eval", "--ckpt", str(ckpt), "--walk", *ablation],
-                          capture_output=True, text=True, cwd=PROJECT, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)["walk_tau"]
+def _walks(ckpt: Path, *ablations: tuple[str, ...], env: dict | None = None) -> list[float]:
+    """The walk tau of `trainer eval --walk` with each ablation (() for none), the processes side by side."""
+    procs = [subprocess.Popen([sys.executable, "-m", "trainer", "eval", "--ckpt", str(ckpt), "--walk", *ablation],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=PROJECT, env=env)
+             for ablation in ablations]
+    taus = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        taus.append(json.loads(stdout)["walk_tau"])
+    return taus
 
 
 @pytest.mark.slow
@@ -142,23 +148,18 @@ def test_a_tap_error_costs_acceptance_on_the_trained_target(code_run):
     """The drafter's walk fed another layer's states (a tap error) or zeros: on code_tiny it drafts clearly
     worse, so the acceptance comes from the target's features and a wrong tap cannot go unseen."""
     run_dir, env, _, _ = code_run
-    ckpt = run_dir / "checkpoint.pt"
-    right = _walk(ckpt, env=env)
+    right, zeroed, tap0 = _walks(run_dir / "checkpoint.pt", (), ("--zero-context",), ("--taps", "0"), env=env)
     recorded = json.loads((run_dir / "summary.json").read_text())["walk_tau"]
     assert abs(right - recorded) <= 0.03 * recorded, (right, recorded)  # the run's own walk, another transformers
-    assert _walk(ckpt, "--zero-context", env=env) <= 0.8 * right
-    assert _walk(ckpt, "--taps", "0", env=env) <= 0.95 * right
+    assert zeroed <= 0.8 * right
+    assert tap0 <= 0.95 * right
 
 
 @pytest.mark.slow
-def test_a_tap_error_goes_unseen_on_a_random_target(tmp_path):
+def test_a_tap_error_goes_unseen_on_a_random_target(tiny_run):
     """Why the trained target is needed: the tiny random target's layers hold nearly the same states."""
-    out = tmp_path / "tiny"
-    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--preset", "tiny", "--out", str(out),
-                           "--steps", "300", "--no-compile"], capture_output=True, text=True, cwd=PROJECT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    right = _walk(out / "checkpoint.pt")
-    wrong = _walk(out / "checkpoint.pt", "--taps", "1")
+    run_dir, _, _ = tiny_run
+    right, wrong = _walks(run_dir / "checkpoint.pt", (), ("--taps", "1"))
     assert abs(wrong - right) <= 0.1 * right, (right, wrong)
 
 

@@ -120,18 +120,6 @@ def test_export_refuses_to_clobber_and_writes_nothing_half(tmp_path):
     assert proc.returncode == 1 and proc.stderr.startswith("Error: checkpoint") and "Traceback" not in proc.stderr
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, cpu_venv, warm_cache_root):
-    """`envkit train --preset tiny` with its defaults, as the demo runs it: the drafter that gets served."""
-    tmp = tmp_path_factory.mktemp("tiny-run")
-    shutil.copytree(warm_cache_root, tmp / "cache", symlinks=True)
-    env = dict(os.environ, ENVKIT_CACHE_DIR=str(tmp / "cache"), ENVKIT_RUNS_DIR=str(tmp / "runs"),
-               ENVKIT_HOME=str(tmp / "home"))
-    proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "tiny", "--name", "tiny", env=env, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return tmp / "runs" / "tiny", env, proc.stdout
-
-
 @pytest.mark.slow
 def test_tiny_run_exports_a_drafter_the_reference_serves_losslessly(tiny_run, tmp_path):
     run_dir, env, stdout = tiny_run

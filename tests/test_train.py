@@ -76,6 +76,18 @@ def test_no_warm_refuses_a_cold_cache(cpu_venv, tmp_path):
     assert proc.returncode == 1 and "cold" in proc.stderr and "envkit warm-cache" in proc.stderr
 
 
+def test_a_warning_stops_train_unless_allow_warn(cpu_venv, tmp_path):
+    """PYTHONSTARTUP is a doctor warning (env.leak): train stops there, and with --allow-warn it goes on to the
+    next step of preflight (here: a cold cache that --no-warm refuses)."""
+    env = dict(os.environ, ENVKIT_CACHE_DIR=str(tmp_path / "cold"), ENVKIT_RUNS_DIR=str(tmp_path / "runs"),
+               PYTHONSTARTUP=str(tmp_path / "startup.py"))
+    stopped = run_envkit("train", "--venv", str(cpu_venv), "--no-warm", "--name", "w", env=env)
+    assert stopped.returncode == 1 and "env.leak" in stopped.stderr and "--allow-warn" in stopped.stderr
+    assert "cold" not in stopped.stderr
+    allowed = run_envkit("train", "--venv", str(cpu_venv), "--no-warm", "--allow-warn", "--name", "w", env=env)
+    assert allowed.returncode == 1 and "env.leak" not in allowed.stderr and "cold" in allowed.stderr
+
+
 def test_detach_then_runs_shows_running_then_finished(cpu_venv, train_env, tmp_path):
     proc = run_envkit("train", "--venv", str(cpu_venv), "--name", "bg", "--detach", "--", "--steps", "150",
                       env=train_env)

@@ -109,11 +109,13 @@ def cmd_train(args) -> int:
                 raise TrainerInputError(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} CUDA "
                                         f"devices (--nproc-per-node starts processes without asking for GPUs)")
         return launch(args, args.argv)
+    code = None
     try:
         _record_node(Path(args.out))
-        return _train(args, cfg)
+        code = _train(args, cfg)
+        return code
     finally:
-        close_distributed()
+        close_distributed(together=code == 0)
 
 
 def _record_node(out: Path) -> None:

@@ -14,6 +14,7 @@ misses every entry as cuda:1 and hits every entry from a process whose only GPU 
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -98,6 +99,11 @@ def pin_local_gpu() -> None:
         os.environ["ENVKIT_GPU_PINNED"] = devices[local_rank]
 
 
+# How long the other ranks wait at the end for rank 0's final evaluation, checkpoint and walk.
+FINISH_TIMEOUT = datetime.timedelta(hours=4)
+_finish_group = None  # the group close_distributed waits on (init_distributed makes it)
+
+
 def init_distributed():
     """This process's torch.distributed under torchrun (NCCL on GPUs, gloo on CPU), else None."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -109,16 +115,24 @@ def init_distributed():
         # One visible GPU when pinned; otherwise (threads over several GPUs in a rank) the rank's first.
         torch.cuda.set_device(0 if "ENVKIT_GPU_PINNED" in os.environ else int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    global _finish_group
+    # Made here, where every rank makes its groups in the same order; gloo, so that waiting is no GPU work.
+    _finish_group = dist.new_group(backend="gloo", timeout=FINISH_TIMEOUT)
     return dist
 
 
-def close_distributed() -> None:
-    """destroy_process_group at exit: NCCL warns about (and may leak) a group never destroyed."""
+def close_distributed(together: bool = False) -> None:
+    """destroy_process_group at exit: NCCL warns about (and may leak) a group never destroyed. `together`
+    (a finished run): every rank first waits for the others. Rank 0 evaluates and checkpoints after the last
+    collective; a gloo rank that tore its group down meanwhile was seen to abort ("terminate called without
+    an active exception", about one run in five on CPU)."""
     try:
         import torch.distributed as dist
     except ImportError:
         return
     if dist.is_available() and dist.is_initialized():
+        if together and _finish_group is not None:
+            dist.barrier(group=_finish_group)
         dist.destroy_process_group()
 
 
