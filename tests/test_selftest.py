@@ -73,7 +73,8 @@ def test_a_sabotaged_mitigation_is_never_called_mitigated(cpu_venv, tmp_path):
 
 
 def test_the_trainer_selftest_fails_outside_envkit_where_envkit_provides_the_mitigation(tmp_path):
-    """H5 and H6 are envkit's part: run bare, without its private cache and lock, they do not pass."""
+    """H5 and H6 are envkit's part: run bare, without its private cache and lock, they do not pass; the
+    trainer's own mitigations (H1-H4, H7, H8) pass, each after reproducing its failure stock where this torch has it."""
     import subprocess
     import sys
 
@@ -84,3 +85,9 @@ def test_the_trainer_selftest_fails_outside_envkit_where_envkit_provides_the_mit
     assert not results["H5"]["passed"] and "default cache dir" in results["H5"]["detail"]
     assert not results["H6"]["passed"]
     assert all(results[h]["passed"] for h in ("H1", "H2", "H3", "H4", "H7", "H8")), results
+    # The races themselves, in real threads: thread B symbolically traces a module whose forward blocks until
+    # thread A made its call; stock torch fails A, the trainer's mitigation lets it run.
+    assert results["H1"]["reproduced"] and "Detected that you are using FX to symbolically trace" in results["H1"]["detail"]
+    assert results["H2"]["reproduced"] and "NameError: module is not installed as a submodule" in results["H2"]["detail"]
+    assert results["H1"]["detail"].endswith("with install(): ok"), results["H1"]
+    assert results["H2"]["detail"].endswith("under the compile gate: ok"), results["H2"]

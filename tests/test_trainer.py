@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer import checkpoint  # noqa: E402
+from trainer import checkpoint, records  # noqa: E402
 from trainer.config import TrainConfig, qwen3_8b, tiny  # noqa: E402
 from trainer.loss import block_targets, sample_anchors, slot_weights  # noqa: E402
 from trainer.masks import dense_mask, make_mask_mod  # noqa: E402
@@ -262,6 +262,16 @@ def test_tiny_cli_learns_and_writes_metrics(tmp_path):
     assert evals[-1]["acceptance_length"] > evals[0]["acceptance_length"]
     summary = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith('{"summary"')))
     assert summary["loss_end"] < summary["loss_start"]
+    # Every row is one of records.py's schemas, field for field (a field nobody declared fails here).
+    for rows_of, schema in ((steps, records.StepRow), (evals, records.EvalRow), ([walk], records.WalkRow)):
+        for row in rows_of:
+            assert row.keys() <= schema.__annotations__.keys(), set(row) - set(schema.__annotations__)
+    assert {r["method"] for r in rows if r.get("eval")} == {"teacher_forced", "walk"}
+    assert all(set(records.EvalRow.__annotations__) == r.keys() for r in evals)
+    assert set(records.WalkRow.__annotations__) == walk.keys()
+    counters = {k for k in summary if k.startswith(("fxgraph_cache_", "autograd_cache_"))}
+    assert summary.keys() - counters == records.Summary.__annotations__.keys(), \
+        summary.keys() ^ records.Summary.__annotations__.keys()
     assert (out / "checkpoint.pt").exists()
     proc = run_trainer("eval", "--ckpt", str(out / "checkpoint.pt"))
     assert proc.returncode == 0 and json.loads(proc.stdout)["acceptance_length"] == evals[-1]["acceptance_length"]

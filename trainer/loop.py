@@ -29,7 +29,7 @@ from trainer.faults import NONE as NO_FAULTS, Faults
 from trainer.gradients import any_rank, max_across_ranks, sum_across_ranks, weights_digest
 from trainer.launcher import restart_count
 from trainer.monitor import CompileMonitor, inductor_cache_counters
-from trainer.records import StepRow, Summary
+from trainer.records import EvalRow, StepRow, Summary, WalkRow
 from trainer.setup import Setup, build
 from trainer.steps import step_inputs
 from trainer.target import weights_checksum
@@ -137,7 +137,7 @@ class Trainer:
         self.interrupt.set()
         return self._looping
 
-    def step(self) -> dict:
+    def step(self) -> StepRow:
         """The executor's next step, as a metrics row."""
         if not self._started:
             self.executor.start(self.step_count)
@@ -199,7 +199,7 @@ class Trainer:
             self._clock = None
 
     # -- the run ----------------------------------------------------------------------------------
-    def train(self) -> dict:
+    def train(self) -> Summary | dict:
         cfg = self.cfg
         started = time.perf_counter()
         buckets = self.warmup()
@@ -252,12 +252,12 @@ class Trainer:
         return not self.dist or self.dist.get_rank() == 0
 
     # -- evaluation -------------------------------------------------------------------------------
-    def evaluate(self) -> dict:
+    def evaluate(self) -> EvalRow:
         with self.monitor.excluding():
             return self._evaluate()
 
     @torch.no_grad()
-    def _evaluate(self) -> dict:
+    def _evaluate(self) -> EvalRow:
         cfg, setup = self.cfg, self.setup
         replica = setup.replica
         replica.drafter.eval()
@@ -274,7 +274,7 @@ class Trainer:
                 for name, values in evaluate.score_blocks(draft, batch["input_ids"], batch["lengths"], anchors.cpu(),
                                                           cfg.drafter.block_size).items():
                     scores[name] += values
-        return {"step": self.step_count, "eval": True, **evaluate.summarise(scores)}
+        return EvalRow(step=self.step_count, eval=True, **evaluate.summarise(scores))
 
     def walk_prompts(self) -> list[list[int]]:
         """Held-out prompts: each sequence up to its first supervised token (the part the target continues)."""
@@ -284,7 +284,7 @@ class Trainer:
             prompts.append(seq.input_ids[: max(1, first)])
         return prompts
 
-    def evaluate_walk(self, taps: list[int] | None = None, zero_context: bool = False) -> dict:
+    def evaluate_walk(self, taps: list[int] | None = None, zero_context: bool = False) -> WalkRow:
         """Greedy speculative decoding with the drafter and the two no-learning rules, each checked lossless.
         `taps` (other target layers than trained with) and `zero_context` feed the drafter wrong context
         features: the ablations that show whether its acceptance comes from the target."""
@@ -299,7 +299,7 @@ class Trainer:
             result = walk.evaluate_walk(setup.target, self._drafter_proposer(zero_context), self.walk_prompts(),
                                         self.cfg.walk_new_tokens, block, setup.layer_ids if taps is None else taps,
                                         setup.dtype)
-        return {"step": self.step_count, "eval": True, "method": "walk", **result}
+        return WalkRow(step=self.step_count, eval=True, method="walk", **result)
 
     def _drafter_proposer(self, zero_context: bool = False):
         replica = self.setup.replica

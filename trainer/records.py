@@ -1,5 +1,5 @@
-"""What a run writes, defined once: a metrics row (metrics.jsonl), the summary (summary.json) and how a
-summary reads to a person. Torch-free: envkit renders a run's summary with the same functions."""
+"""What a run writes, defined once: the rows of metrics.jsonl (a step, a teacher-forced evaluation, the
+decoding walk), the summary (summary.json) and how a summary reads to a person. Torch-free: envkit renders a run's summary with the same functions."""
 
 from __future__ import annotations
 
@@ -23,6 +23,33 @@ class StepRow(TypedDict, total=False):
     graph_breaks: int
     world_size: int  # threaded layout: processes x replicas
     threads_tokens_per_s: dict  # threaded layout: each thread's throughput
+
+
+class EvalRow(TypedDict):
+    """A teacher-forced evaluation line of metrics.jsonl (at step 0, every eval_every steps and at the end)."""
+    step: int
+    eval: bool  # always True: tells an evaluation from a step row
+    method: str  # "teacher_forced"
+    acceptance_length: float  # mean over sampled held-out positions of accepted draft tokens + 1
+    baseline_repeat_tau: float  # the same positions, drafting by repeating the anchor
+    baseline_copy_tau: float  # the same positions, copying what followed the anchor's previous occurrence
+    eval_positions: int
+    tau_method: str
+
+
+class WalkRow(TypedDict):
+    """The decoding walk's line of metrics.jsonl (at the end of a run; also what `eval --walk` prints)."""
+    step: int
+    eval: bool  # always True
+    method: str  # "walk"
+    walk_tau: float  # accepted + 1 per target forward, mean of per-prompt means
+    walk_repeat_tau: float
+    walk_copy_tau: float
+    walk_prompts: int
+    walk_new_tokens: int
+    walk_near_ties: int  # divergences from greedy decoding at a near-tie of the target's logits
+    walk_method: str
+    walk_tau_by_prompt: list[float]
 
 
 class Summary(TypedDict):
