@@ -29,7 +29,8 @@ VERSION = 2
 class StatIndex:
     # path relative to site-packages -> [size, mtime_ns, ctime_ns, inode, RECORD digest], verified earlier
     files: dict[str, list] = field(default_factory=dict)
-    # dist-info name -> {"stat": the RECORD's stat key, "rows": [[relative, digest], ...] it lists to check}
+    # dist-info name -> {"stat": the RECORD's stat key, "rows": [[relative, digest], ...] it lists to check,
+    # "pth": the top-level .pth files it lists}
     records: dict[str, dict] = field(default_factory=dict)
 
 
