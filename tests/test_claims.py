@@ -223,9 +223,8 @@ def test_a_second_signal_exits_at_once_and_writes_no_checkpoint(tmp_path):
             assert row["loss"] == pytest.approx(seen[row["step"]], abs=1e-5)
 
 
-def test_the_stat_index_never_hides_an_edit_with_its_mtime_restored(tmp_path, test_lock, wheelhouse, monkeypatch):
-    """doctor hashes again only files whose stat changed; an edit of the same size with the old mtime put back
-    still changes ctime, so it is still caught (and the index records only verified files)."""
+def venv_and_doctor(tmp_path, test_lock, wheelhouse, monkeypatch):
+    """A venv of the test lock (its own uv cache, so edits stay in it), and doctor's files.modified subjects."""
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     venv = tmp_path / "env"
     run_envkit(*create_args(test_lock, venv, "--find-links", str(wheelhouse)), check=True)
@@ -234,6 +233,13 @@ def test_the_stat_index_never_hides_an_edit_with_its_mtime_restored(tmp_path, te
         report = json.loads(run_envkit("doctor", "--venv", str(venv), "--json").stdout)
         return [f["subject"] for f in report["findings"] if f["id"] == "files.modified" and f["status"] == "fail"]
 
+    return venv, modified
+
+
+def test_the_stat_index_never_hides_an_edit_with_its_mtime_restored(tmp_path, test_lock, wheelhouse, monkeypatch):
+    """doctor hashes again only files whose stat changed; an edit of the same size with the old mtime put back
+    still changes ctime, so it is still caught (and the index records only verified files)."""
+    venv, modified = venv_and_doctor(tmp_path, test_lock, wheelhouse, monkeypatch)
     assert modified() == []  # the first run hashes everything and writes the index
     index = next((tmp_path / "envkit-cache" / "doctor").glob("*.json"))
     assert oct(index.stat().st_mode & 0o777) == "0o600"
@@ -252,14 +258,7 @@ def test_the_stat_index_never_hides_an_edit_with_its_mtime_restored(tmp_path, te
 def test_an_edited_record_is_read_again_even_with_its_mtime_restored(tmp_path, test_lock, wheelhouse, monkeypatch):
     """doctor skips parsing a RECORD whose stat is unchanged since it was indexed; a RECORD edited in place (a
     file's digest changed, the size and mtime put back) is parsed again and its file no longer matches."""
-    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
-    venv = tmp_path / "env"
-    run_envkit(*create_args(test_lock, venv, "--find-links", str(wheelhouse)), check=True)
-
-    def modified() -> list[str]:
-        report = json.loads(run_envkit("doctor", "--venv", str(venv), "--json").stdout)
-        return [f["subject"] for f in report["findings"] if f["id"] == "files.modified" and f["status"] == "fail"]
-
+    venv, modified = venv_and_doctor(tmp_path, test_lock, wheelhouse, monkeypatch)
     assert modified() == [] and modified() == []  # the second run reads the RECORDs from the index
     record = next(next((venv / "lib").glob("python3*/site-packages")).glob("ekt_alpha-*.dist-info")) / "RECORD"
     before = record.stat()

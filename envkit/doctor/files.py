@@ -41,7 +41,7 @@ def _inside(relative: str) -> bool:
     return ".." not in relative.replace("\\", "/").split("/")
 
 
-def _record_summary(ctx: Context, dist, index: statindex.StatIndex | None) -> dict:
+def _record_summary(ctx: Context, dist) -> dict:
     """What the checks need of a RECORD: {"stat", "rows": [[relative, digest], ...] to check, "pth": the top-level
     .pth files it lists}; from the index when the RECORD's stat is unchanged, else parsed (paths as strings:
     pathlib costs more than the check itself on torch's ~20,000 rows)."""
@@ -49,7 +49,7 @@ def _record_summary(ctx: Context, dist, index: statindex.StatIndex | None) -> di
     if name in ctx.record_summaries:
         return ctx.record_summaries[name]
     key = statindex.current_stat_key(str(dist.record_path()))  # before the read: a later edit shows next run
-    known = index.records.get(name) if index else None
+    known = ctx.stat_index.records.get(name) if ctx.stat_index else None
     if key and isinstance(known, dict) and known.get("stat") == key and _well_formed(known):
         summary = known
     else:
@@ -91,14 +91,13 @@ def _state(path: str, actual: str | None) -> str:
 def modified_files(ctx: Context) -> list[tuple[str, str, str, str]]:
     """(distribution, path relative to site-packages, edited | missing | unsafe, RECORD digest) for every file
     that differs from its RECORD."""
-    index = ctx.stat_index
     root, entries, records = str(ctx.site_packages), [], {}
     for name, dists in ctx.by_name.items():
         if len(dists) == 1:  # duplicates are reported as such; their RECORDs contradict each other
-            summary = _record_summary(ctx, dists[0], index)
+            summary = _record_summary(ctx, dists[0])
             records[dists[0].dist_info.name] = summary
             entries += [(name, relative, os.path.join(root, relative), digest) for relative, digest in summary["rows"]]
-    index = index or statindex.StatIndex()
+    index = ctx.stat_index or statindex.StatIndex()
     to_hash = [entry for entry in entries if not _unchanged(index, entry[1], entry[2], entry[3])]
     # hashlib releases the GIL, so threads hash files in parallel.
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
@@ -160,7 +159,7 @@ def _edit_diff(ctx: Context, name: str, relative: str, expected: str) -> str:
 
 def pth_owners(ctx: Context) -> dict[str, str]:
     """Which distribution's RECORD lists each top-level .pth file."""
-    return {pth: dist.name for dist in ctx.distributions for pth in _record_summary(ctx, dist, ctx.stat_index)["pth"]}
+    return {pth: dist.name for dist in ctx.distributions for pth in _record_summary(ctx, dist)["pth"]}
 
 
 def check_pth(ctx: Context) -> list[Finding]:
