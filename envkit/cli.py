@@ -11,6 +11,7 @@ import click
 
 from envkit import __version__
 from envkit.errors import EnvkitError
+from envkit.text import printable
 
 
 def _print_json(data) -> None:
@@ -28,7 +29,8 @@ class EnvkitGroup(click.Group):
         try:
             return super().invoke(ctx)
         except EnvkitError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            # Messages quote what envkit read (a trainer's stderr, a file name): no byte of it may steer the terminal.
+            click.echo(f"Error: {printable(exc, keep_newlines=True)}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)

@@ -24,6 +24,7 @@ from envkit.progress import Phases
 from envkit.uvtool import run_uv, uv_version
 from envkit.fsops import exchange
 from envkit.fsops import write_json_atomic
+from envkit import venvrecord
 from envkit.venv import Venv
 
 
@@ -241,6 +242,7 @@ def create(profile_name: str | None = None, lock_path: str | None = None, venv_p
             with phases.phase("done", str(target)):
                 write_json_atomic(temp.manifest_path, manifest_for(profile, temp.python_version()))
                 _swap_into_place(temp.path, target)
+                venvrecord.remember(venv, profile)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     return CreateResult(target, profile.name, profile.lock_digest, "rebuilt" if existed else "created",

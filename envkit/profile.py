@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +16,15 @@ from packaging.version import InvalidVersion, Version
 
 from envkit import paths
 from envkit.errors import ProfileError
+from envkit.safeio import UnsafeFile, read_bytes
+from envkit.text import printable
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+LOCK_LIMIT = 64 << 20  # a cuda profile with every hash is about 100 KB
 
 
 DEFAULT_PLATFORM = "x86_64-manylinux_2_28"
@@ -107,12 +112,15 @@ def load(name: str | None = None, lock_path: str | Path | None = None) -> Profil
 
 
 def load_file(path: Path) -> Profile:
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:  # its message carries line and column
-        raise ProfileError(f"{path}: invalid TOML: {exc}; fix the file or run `git checkout {path}`") from None
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
+    try:  # a lock is data: a regular file, bounded, not followed into a FIFO or a device
+        data = tomllib.loads(read_bytes(path, LOCK_LIMIT).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{printable(path)}: not UTF-8 text (byte {exc.start}); a lock is a TOML text file") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # its message carries line and column
+        raise ProfileError(f"{printable(path)}: invalid TOML: {printable(exc)}; fix the file or run "
+                           f"`git checkout {shlex.quote(str(path))}`") from None
+    except UnsafeFile as exc:
+        raise ProfileError(f"{printable(path)}: cannot read: {exc}") from None
     return parse(data, path)
 
 

@@ -1,29 +1,52 @@
 """Hazard mitigations proven in a venv: run the trainer's self-tests there and record what they showed.
 
 `prove()` runs `python -m trainer selftest` in the venv with the environment training gets (the
-private cache dirs, the warm lock held) and writes `<venv>/envkit-selftest.json` with the torch
-version and the trainer's source digest it ran against. Doctor calls a hazard mitigated only when
-that record passed for the torch installed now and the trainer source present now (`status()`).
+private cache dirs, the warm lock held) and records the result in envkit's own state (envkit/state.py),
+never in the venv: a record a venv carries is its own word. The record is bound to the venv's identity
+(path, directory inode) and to what the test ran against (the torch version, the digest of torch's
+RECORD, the trainer's source digest). Doctor calls a hazard mitigated only when such a record passed
+for this venv, the torch installed now and the trainer source present now (`status()`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 from filelock import FileLock
 
-from envkit.errors import CacheError
+from envkit import state
+from envkit.errors import CacheError, VenvError
+from envkit.safeio import UnsafeFile, read_bytes
 from envkit.trainer_process import run_trainer, trainer_env
-from envkit.fsops import write_json_atomic
 from envkit.venv import Venv
-from trainer.files import read_json_file
-from trainer.mitigations import MITIGATIONS, RESULTS_FILE, WARM_LOCK_ENV
+from trainer.mitigations import MITIGATIONS, WARM_LOCK_ENV
+
+
+KIND = "selftest"
 
 
 def record_path(venv: Venv) -> Path:
-    return venv.path / RESULTS_FILE
+    return state.record_path(KIND, state.path_key(venv.path))
+
+
+def _subject(venv: Venv) -> dict:
+    """What a self-test record is bound to: this venv (path and directory inode) and its torch's RECORD."""
+    try:
+        info = os.stat(venv.path)
+        site = venv.site_packages()
+    except (OSError, VenvError):
+        return {}
+    records = sorted(site.glob("torch-*.dist-info/RECORD"))
+    try:
+        torch_record = hashlib.sha256(read_bytes(records[0], 64 << 20)).hexdigest() if len(records) == 1 else None
+    except UnsafeFile:
+        torch_record = None
+    return {"venv": str(venv.path.resolve()), "inode": info.st_ino, "device": info.st_dev,
+            "torch_record": torch_record}
 
 
 def prove(venv: Venv, cache_dir: Path, lock: FileLock, trainer_digest: str) -> dict:
@@ -44,24 +67,21 @@ def prove_holding(venv: Venv, cache_dir: Path, lock_file: str, trainer_digest: s
         torch_version = output["torch"]
     except (ValueError, KeyError, IndexError, TypeError):
         raise CacheError(f"`python -m trainer selftest` in {venv.path} printed no result:\n  {proc.stderr[-2000:]}")
-    record = {"torch": torch_version, "trainer": trainer_digest, "results": results,
+    record = {"torch": torch_version, "trainer": trainer_digest, "results": results, **_subject(venv),
               "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    write_json_atomic(record_path(venv), record)
+    state.write(KIND, state.path_key(venv.path), record)
     return record
 
 
 def read(venv: Venv) -> dict | None:
-    """The venv's recorded self-tests, or None when absent or not a record envkit wrote (read as data)."""
-    path = record_path(venv)
-    if not path.exists() and not path.is_symlink():
-        return None
-    try:
-        record = read_json_file(path, limit=1 << 20)
-    except ValueError:
-        return None
+    """envkit's record of the self-tests it ran in this very venv against the torch there now, or None."""
+    record = state.read(KIND, state.path_key(venv.path))
     if not (isinstance(record, dict) and isinstance(record.get("torch"), str)
             and isinstance(record.get("trainer"), str) and isinstance(record.get("results"), dict)):
         return None
+    subject = _subject(venv)
+    if not subject.get("torch_record") or any(record.get(key) != value for key, value in subject.items()):
+        return None  # another venv at this path, or torch's files changed since the test ran
     return record
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import json
+import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from envkit.errors import VenvError
+from envkit.safeio import UnsafeFile, read_bytes
+from envkit.text import printable
+from trainer.files import read_json_file
 
 MANIFEST = "envkit.json"
+MANIFEST_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -28,19 +33,34 @@ class Venv:
         return (self.path / "pyvenv.cfg").is_file()
 
     def site_packages(self) -> Path:
-        found = sorted((self.path / "lib").glob("python3*/site-packages"))
-        if not found:
-            raise VenvError(f"{self.path} has no lib/python3*/site-packages; recreate it with `envkit create --force`")
-        return found[0]
+        """The site-packages the venv's interpreter loads: lib/pythonX.Y/ for the version pyvenv.cfg names (read
+        as data). Another lib/python3*/site-packages beside it is a decoy that doctor reports, never reads."""
+        version = re.match(r"(\d+)\.(\d+)", self.python_version())
+        if not version:
+            raise VenvError(f"{printable(self.path / 'pyvenv.cfg')} names no Python version; the venv is damaged: "
+                            f"rebuild it with `envkit create --force --venv {shlex.quote(str(self.path))}`")
+        found = self.path / "lib" / f"python{version[1]}.{version[2]}" / "site-packages"
+        if not found.is_dir() or found.is_symlink():
+            raise VenvError(f"{printable(self.path)} has no lib/python{version[1]}.{version[2]}/site-packages (the "
+                            f"version its pyvenv.cfg names); rebuild it with `envkit create --force --venv "
+                            f"{shlex.quote(str(self.path))}`")
+        return found
+
+    def all_site_packages(self) -> list[Path]:
+        """Every lib*/python3*/site-packages dir in the venv, once each (lib64 is usually a link to lib)."""
+        by_real = {}
+        for path in sorted(self.path.glob("lib*/python3*/site-packages")):
+            by_real.setdefault(os.path.realpath(path), path)
+        return list(by_real.values())
 
     def pyvenv_cfg(self) -> dict[str, str]:
         try:
-            text = (self.path / "pyvenv.cfg").read_text(encoding="utf-8")
+            text = read_bytes(self.path / "pyvenv.cfg", 1 << 16).decode("utf-8")
         except UnicodeDecodeError:
             raise VenvError(f"{self.path / 'pyvenv.cfg'} is not UTF-8 text: the venv is damaged; rebuild it with "
                             f"`envkit create --force --venv {shlex.quote(str(self.path))}`") from None
-        except OSError as exc:
-            raise VenvError(f"{self.path / 'pyvenv.cfg'} is unreadable ({exc.strerror})") from None
+        except UnsafeFile as exc:
+            raise VenvError(f"{printable(self.path / 'pyvenv.cfg')} is unreadable ({exc})") from None
         values = {}
         for line in text.splitlines():
             key, sep, value = line.partition("=")
@@ -55,12 +75,13 @@ class Venv:
 
     def manifest(self) -> dict | None:
         """envkit.json, or None when the venv was not made by envkit."""
-        try:
-            manifest = json.loads(self.manifest_path.read_text())
-        except FileNotFoundError:
+        if not self.manifest_path.exists() and not self.manifest_path.is_symlink():
             return None
-        except (OSError, ValueError) as exc:
-            raise VenvError(f"{self.manifest_path} is unreadable ({exc}); rebuild with `envkit create --force`") from None
+        try:  # never follows a link, never blocks on a FIFO, bounded: the venv may be someone else's
+            manifest = read_json_file(self.manifest_path, limit=MANIFEST_LIMIT)
+        except ValueError as exc:
+            raise VenvError(f"{printable(self.manifest_path)} is unreadable ({exc}); rebuild with "
+                            f"`envkit create --force --venv {shlex.quote(str(self.path))}`") from None
         if not isinstance(manifest, dict) or not all(isinstance(manifest.get(k), (str, type(None)))
                                                      for k in ("profile", "lock_digest", "python")):
             raise VenvError(f"{self.manifest_path} is not an envkit manifest (a JSON object with profile, lock_digest "

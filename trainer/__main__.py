@@ -15,7 +15,7 @@ from trainer.config import TrainConfig, resolve
 from trainer.launcher import close_distributed, launch, pin_local_gpu, wants_launch
 from trainer.errors import TrainerInputError
 from trainer.faults import Faults
-from trainer.files import atomic_write
+from trainer.files import atomic_write, loads_json, read_json_file
 from trainer.records import headline
 
 
@@ -24,8 +24,8 @@ def _config(args) -> TrainConfig:
     file_values = None
     if args.config:
         try:
-            file_values = json.loads(Path(args.config).read_text())
-        except (OSError, ValueError) as exc:
+            file_values = read_json_file(Path(args.config), limit=16 << 20)
+        except ValueError as exc:
             raise TrainerInputError(f"--config {args.config}: cannot read a JSON config ({exc})") from None
     overrides = {"steps": args.steps, "batch_size": args.batch_size, "num_anchors": args.num_anchors,
                  "attention": args.attention, "seed": args.seed, "compile": args.compile, "data.path": args.data,
@@ -39,7 +39,7 @@ def _template_kwargs(text: str | None) -> dict | None:
     if not text:
         return None
     try:
-        kwargs = json.loads(text)
+        kwargs = loads_json(text)
     except ValueError as exc:
         raise TrainerInputError(f"--chat-template-kwargs is not JSON ({exc}); e.g. '{{\"enable_thinking\": false}}'")
     if not isinstance(kwargs, dict):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ import torch
 
 from trainer.config import DataConfig
 from trainer.errors import TrainerInputError
+from trainer.files import loads_json
 
 
 @dataclass
@@ -177,7 +177,7 @@ def _token_ids(values, vocab_size: int | None, what: str) -> list[int]:
 
 
 def _row(line: bytes, cfg: DataConfig, vocab_size: int | None, tokenizer) -> Sequence:
-    row = json.loads(line.decode("utf-8"))  # UnicodeDecodeError is a ValueError: the line's error
+    row = loads_json(line)  # not UTF-8 or nested too deeply: a ValueError, the line's error
     if not isinstance(row, dict):
         raise ValueError("expected a JSON object")
     if "input_ids" in row:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import stat
 import tempfile
@@ -258,5 +257,5 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     target = str(out / "target") if manifest["target"] == "target/" else str(manifest["target"])
-    serve = modelcard.serve_commands(shlex.quote(target), shlex.quote(str(out)), cfg.drafter.block_size)
+    serve = modelcard.serve_commands(target, str(out), cfg.drafter.block_size)
     return {**manifest, "out": str(out), "serve": serve}

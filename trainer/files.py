@@ -56,10 +56,43 @@ def read_json_file(path: Path, *, limit: int = 64 << 20):
             raise ValueError("not a regular file")
         if info.st_size > limit:
             raise ValueError(f"{info.st_size} bytes, more than {limit} allowed")
-        try:
-            return json.loads(handle.read())
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"not UTF-8 ({exc.reason})") from None
+        return loads_json(handle.read())
+
+
+def loads_json(data: str | bytes):
+    """json.loads for bytes someone else wrote: nesting too deep for the parser is a ValueError like any other
+    malformed JSON (json raises RecursionError there, which no caller expects)."""
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 ({exc.reason})") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def permission_problem(path: Path) -> str | None:
+    """Why an entry someone else could have written is not to be trusted, or None: a link, not a regular file or
+    directory, owned by another user, or writable by group or others. Reads the entry itself (lstat)."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        return f"a symlink to {os.readlink(path)!r}"
+    if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+        return "not a regular file or directory (a FIFO, socket or device)"
+    if info.st_uid != os.getuid():
+        return f"owned by uid {info.st_uid}, not you (uid {os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"mode {stat.S_IMODE(info.st_mode):o}: others can write it"
+    return None
+
+
+def open_lock_file(path: Path) -> int:
+    """A lock file's descriptor, created 0600 if absent; a link planted at its name is refused, never followed
+    (a plain open(path, "w") would truncate whatever it points at)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ValueError(f"cannot open the lock file {str(path)!r}: {exc.strerror}"
+                         + (" (a symlink: remove it)" if os.path.islink(path) else "")) from None
 
 
 def read_json_record(path: Path, *, limit: int = 64 << 20) -> dict | None:

@@ -119,11 +119,17 @@ class Trainer:
             return checkpoint.load(path)
         # A restart before the first checkpoint starts over; an explicit --resume needs one.
         state = checkpoint.load(path) if self.is_writer() and (path.exists() or self.restarts == 0) else None
-        box = [state]
-        # Unpickles on every rank but 0: only what rank 0 of this very job sends, a state it loaded itself with
-        # checkpoint.load (weights-only, keys and types checked); no other process can write to this group.
-        self.dist.broadcast_object_list(box, src=0, group=self._flag_group)
-        return box[0]
+        # Sent as a uint8 tensor of checkpoint bytes and read back weights-only, never as a pickle: the c10d
+        # rendezvous is unauthenticated, so whoever ranks first is "rank 0" and must not run code here.
+        data = checkpoint.to_bytes(state) if state is not None else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        self.dist.broadcast(size, src=0, group=self._flag_group)
+        if int(size) == 0:
+            return None
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
+            torch.empty(int(size), dtype=torch.uint8)
+        self.dist.broadcast(payload, src=0, group=self._flag_group)
+        return state if data else checkpoint.from_bytes(payload.numpy().tobytes(), "rank 0")
 
     # -- warm-up and steps ------------------------------------------------------------------------
     def warmup(self, progress=None, buckets: list[int] | None = None) -> list[int]:
@@ -394,11 +400,20 @@ class Trainer:
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
 
     def load_state_dict(self, state: dict) -> None:
-        for replica in self.setup.replicas:
-            replica.load_state_dict(state)
+        path = self.out_dir / CHECKPOINT
+        checkpoint.check_compatible(path, state, self.cfg.to_dict())
+        if state["step"] >= self.cfg.steps:
+            raise TrainerInputError(f"checkpoint {path} is at step {state['step']}, the run's last ({self.cfg.steps}): "
+                                    f"nothing to resume; raise --steps to train on, or evaluate it with "
+                                    f"`python -m trainer eval --ckpt {path}`")
+        try:
+            for replica in self.setup.replicas:
+                replica.load_state_dict(state)
+        except (RuntimeError, KeyError, ValueError) as exc:  # a weight of another shape, a missing optimizer state
+            raise TrainerInputError(f"checkpoint {path} does not fit this run's drafter "
+                                    f"({str(exc).strip().splitlines()[0][:160]}); start a new run") from None
+        checkpoint.restore_rng(path, state.get("rng"))
         self.step_count, self.first_loss = state["step"], state.get("first_loss")
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
 
     def save_checkpoint(self) -> Path | None:
         if not self.is_writer():

@@ -4,7 +4,9 @@ interpreter's standard-library sources (trainer/corpus.py), written as an HF mod
 A random target cannot tell a right tap from a wrong one (its layers' states are near-identical), so
 the drafter is proven on one that has learned code. `python -m trainer make-target --recipe NAME` builds
 one; a preset naming a recipe (`code`) builds it on first use into ENVKIT_HOME/targets/NAME-KEY, KEY
-being a digest of the recipe and the corpus, and reuses it after (checked against its recorded digests).
+being a digest of the recipe and the corpus, and reuses it after, checked against the digests its build
+recorded outside the target dir (ENVKIT_HOME/targets/.records/NAME-KEY-WHERE.json, private to the user): a target
+dir's own envkit-target.json is its word, not proof. A link, subdirectory or special file in it is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -24,7 +28,7 @@ from pathlib import Path
 
 from trainer import corpus
 from trainer.errors import TrainerInputError
-from trainer.files import read_json_record
+from trainer.files import atomic_write, file_sha256, open_lock_file, permission_problem, read_json_record
 
 TARGET_MANIFEST = "envkit-target.json"
 EOS, MASK = "<|endoftext|>", "<|mask|>"  # ids 0 and 1: the drafter's mask token is a row no text uses
@@ -80,29 +84,68 @@ def recipe_key(name: str, corpus_digest: str) -> str:
 
 
 def _file_digests(root: Path) -> dict[str, str]:
-    from trainer.files import file_sha256
-
-    return {p.name: file_sha256(p) for p in sorted(root.iterdir())
-            if p.is_file() and not p.is_symlink() and p.name != TARGET_MANIFEST}
+    """{name: sha256} of every file in a target dir; anything but a regular file (a link transformers would
+    follow, a FIFO that would hang the hash, a subdirectory) is an error naming it."""
+    digests = {}
+    for path in sorted(root.iterdir()):
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode):
+            raise TrainerInputError(f"the built target {str(root)!r} holds {path.name!r}, which is not a regular file "
+                                    f"(a link, directory or special file); remove the target (`rm -r "
+                                    f"{shlex.quote(str(root))}`) and it is built again on next use")
+        if path.name != TARGET_MANIFEST:
+            digests[path.name] = file_sha256(path)
+    return digests
 
 
 def read_manifest(target_dir: Path) -> dict | None:
-    """The build record of a target dir, or None when it has none (not built by make-target)."""
+    """The build record a target dir carries (its recipe, losses, corpus): shown, never trusted as proof."""
     return read_json_record(target_dir / TARGET_MANIFEST)
 
 
+def records_dir() -> Path:
+    return targets_dir() / ".records"
+
+
+def _record_path(target_dir: Path) -> Path:
+    """Keyed by the dir's name (NAME-KEY: the recipe key) and its absolute path (a --out build elsewhere)."""
+    where = hashlib.sha256(str(Path(target_dir).absolute()).encode()).hexdigest()[:12]
+    return records_dir() / f"{target_dir.name}-{where}.json"
+
+
+def _remember(target_dir: Path, record: dict) -> None:
+    """The build's digests, kept where the target dir cannot write (a private dir beside the targets)."""
+    records_dir().mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(records_dir(), 0o700)
+    atomic_write(_record_path(target_dir), json.dumps(record, indent=2) + "\n", mode=0o600)
+
+
+def _recorded(target_dir: Path) -> dict | None:
+    """The record this machine's build wrote for the target dir, or None (absent, or possibly not ours)."""
+    path = _record_path(target_dir)
+    for entry in (records_dir(), path):
+        try:
+            if permission_problem(entry):
+                return None
+        except OSError:
+            return None
+    return read_json_record(path)
+
+
 def check_built(target_dir: Path) -> dict:
-    """The target dir as its build left it: every recorded file present with its digest, nothing added."""
-    record = read_manifest(target_dir)
+    """The target dir as its build left it: every file its build recorded (outside the dir), nothing added."""
+    rm = f"`rm -r {shlex.quote(str(target_dir))}`"
+    record = _recorded(target_dir)
     files = record.get("files") if record else None
     if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
-        raise TrainerInputError(f"{target_dir} has no readable {TARGET_MANIFEST}; remove it (`rm -r {target_dir}`) "
+        raise TrainerInputError(f"the target {str(target_dir)!r} has no build record of yours in "
+                                f"{str(records_dir())!r} (private to you): it was not built here; remove it ({rm}) "
                                 f"and it is built again on next use")
     found = _file_digests(target_dir)
-    if found != record["files"]:
-        changed = sorted(set(found.items()) ^ set(record["files"].items()))[0][0]
-        raise TrainerInputError(f"the built target {target_dir} changed since it was built ({changed}); remove it "
-                                f"(`rm -r {target_dir}`) and it is built again on next use")
+    if found != files:
+        changed = sorted(set(found.items()) ^ set(files.items()))[0][0]
+        raise TrainerInputError(f"the built target {str(target_dir)!r} changed since it was built ({changed!r}); "
+                                f"remove it ({rm}) and it is built again on next use")
     return record
 
 
@@ -121,11 +164,17 @@ def ensure(name: str, log=print) -> Path:
     out = root / f"{name}-{key}"
     if not out.exists():
         root.mkdir(parents=True, exist_ok=True)
-        with open(root / f".{name}-{key}.lock", "w") as lock:
+        try:
+            lock = open_lock_file(root / f".{name}-{key}.lock")
+        except ValueError as exc:
+            raise TrainerInputError(str(exc)) from None
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not out.exists():
                 log(f"target {name}: not built yet on this machine; building it once into {out} ({chosen.description})")
                 build(name, out, log=log, corpus_files=files)
+        finally:
+            os.close(lock)
     check_built(out)
     _checked[name, root] = out
     return out
@@ -267,6 +316,7 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
         }
         (tmp / TARGET_MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
         follow_umask(tmp)
+        _remember(out, record)  # before the rename: a target that exists always has its record
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

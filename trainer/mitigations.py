@@ -38,7 +38,5 @@ MITIGATIONS = {m.hazard: m for m in (
                "trainer/monitor.py", "eager_fallback_is_counted"),
 )}
 
-# Where envkit keeps a venv's self-test results (inside the venv: a rebuilt venv must prove them again).
-RESULTS_FILE = "envkit-selftest.json"
 # The warm lock's path, handed to the self-test so that it can show the lock is held (H6).
 WARM_LOCK_ENV = "ENVKIT_WARM_LOCK"

@@ -11,6 +11,7 @@ staging dir replaces the env key's cache in one rename.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import shutil
@@ -30,13 +31,16 @@ from envkit.cache.warmup import warm
 from envkit.errors import CacheError
 from envkit.fsops import exchange
 from envkit.trainer_process import run_trainer, trainer_env
+from envkit.safeio import UnsafeFile, read_bytes
+from envkit.text import printable
 from envkit.venv import Venv
-from trainer.files import atomic_write, file_sha256
+from trainer.files import atomic_write, file_sha256, loads_json
 
 EXPORT_HEADER = "envkit-cache.json"
 EXPORT_BLOB = "mega-cache.bin"
 FORMAT = "envkit-cache/2"
 MAX_BLOB = 8 << 30  # far above a real cache (16 MB for three flex_attention shapes); refuses a zip bomb
+MAX_EXPORT_FILE = 4 << 30  # the export is read into memory once, hashed and parsed from there
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -70,16 +74,16 @@ def export(venv: Venv, target: Path, preset: str | None = None, config: str | No
             "sha256": file_sha256(target), "artifacts": len(artifacts)}
 
 
-def _read_export(source: Path) -> tuple[dict, bytes]:
-    """Header and blob of an export, every field checked, nothing written."""
+def _read_export(source: Path, data: bytes) -> tuple[dict, bytes]:
+    """Header and blob of an export (its bytes, read once), every field checked, nothing written."""
     try:
-        with zipfile.ZipFile(source) as archive:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
             names = sorted(info.filename for info in archive.infolist())
             if names != sorted([EXPORT_HEADER, EXPORT_BLOB]):
                 raise ValueError(f"expected exactly {EXPORT_HEADER} and {EXPORT_BLOB}, found {names[:5]}")
             if archive.getinfo(EXPORT_BLOB).file_size > MAX_BLOB or archive.getinfo(EXPORT_HEADER).file_size > 64 << 20:
                 raise ValueError("larger than any compile cache")
-            header = json.loads(archive.read(EXPORT_HEADER))
+            header = loads_json(archive.read(EXPORT_HEADER))
             blob = archive.read(EXPORT_BLOB)
     except (OSError, KeyError, zipfile.BadZipFile, ValueError, UnicodeDecodeError) as exc:
         raise CacheError(f"{source} is not an envkit cache export ({exc}); make one with `envkit cache export`") from None
@@ -121,11 +125,15 @@ def import_(venv: Venv, source: Path, *, sha256: str | None, preset: str | None 
                          f"or `sha256sum` it where it was made)")
     if not HEX64.match(sha256.lower()):
         raise CacheError(f"--sha256 must be 64 hex digits, not {sha256!r}")
-    actual = file_sha256(source)
+    try:  # read once, as a regular file, bounded: a FIFO or a link to /dev/zero is refused, not hashed forever
+        data = read_bytes(source, MAX_EXPORT_FILE)
+    except UnsafeFile as exc:
+        raise CacheError(f"{printable(source)} cannot be imported: {exc}") from None
+    actual = hashlib.sha256(data).hexdigest()
     if actual != sha256.lower():
         raise CacheError(f"{source} has sha256 {actual[:16]}..., not the pinned {sha256[:16]}...: this is not the "
                          f"file you trusted; refused, nothing written")
-    header, blob = _read_export(source)
+    header, blob = _read_export(source, data)
     artifacts = _check_blob(source, header, blob)
     parts = key_parts(venv, preset or header["key_parts"].get("preset"), config)
     key = env_key(parts)

@@ -23,7 +23,8 @@ def _tree_size(root: Path) -> int:
 
 def list_caches() -> list[dict]:
     rows = []
-    for cache_dir in sorted(p for p in compile_root().glob("*") if p.is_dir()):
+    # A key dir that is a link is not a cache envkit made (warm-cache makes real dirs): never listed or pruned.
+    for cache_dir in sorted(p for p in compile_root().glob("*") if p.is_dir() and not p.is_symlink()):
         try:
             fingerprint = read_fingerprint(cache_dir)
         except CacheError:
@@ -57,6 +58,8 @@ def prune(*, dry_run: bool = False) -> list[dict]:
         if reason:
             if not dry_run:
                 shutil.rmtree(row["path"], ignore_errors=True)
+                if os.path.lexists(row["path"]):
+                    continue  # not removed (a file in it is not ours to delete): not reported as removed
                 Path(row["path"]).with_suffix(".lock").unlink(missing_ok=True)
             removed.append({**row, "reason": reason})
     return removed

@@ -3,27 +3,29 @@
 torch loads cache entries with pickle and imports generated code (HAZARDS.md H5): whoever can write
 any file or directory of the cache, or plant a link that torch follows, runs code in training. These
 checks never follow a link and never open anything but a regular file, so a planted FIFO cannot hang them.
+The rule itself (trainer/files.py permission_problem) is the one envkit's own state and built targets follow.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
+
+from trainer.files import permission_problem as _entry_problem
+
+# Why each kind of problem matters in a compile cache, after what the rule found.
+_CONSEQUENCE = {"a symlink": "torch would follow it outside what the fingerprint covers",
+                "owned by": "its owner can run code in your training",
+                "mode": "others can write pickles and code that training will load"}
 
 
 def permission_problem(path: Path) -> str | None:
     """Why one cache entry is unsafe, or None. Reads the entry itself (lstat), never a link's target."""
-    info = path.lstat()
-    if stat.S_ISLNK(info.st_mode):
-        return f"a symlink to {os.readlink(path)} (torch would follow it outside what the fingerprint covers)"
-    if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-        return "not a regular file or directory (a FIFO, socket or device)"
-    if info.st_uid != os.getuid():
-        return f"owned by uid {info.st_uid}, not you (uid {os.getuid()}): its owner can run code in your training"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"mode {stat.S_IMODE(info.st_mode):o} lets others write pickles and code that training will load"
-    return None
+    problem = _entry_problem(path)
+    if problem is None:
+        return None
+    why = next((text for start, text in _CONSEQUENCE.items() if problem.startswith(start)), "")
+    return f"{problem} ({why})" if why else problem
 
 
 def tree_problems(root: Path) -> dict[str, str]:

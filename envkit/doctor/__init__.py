@@ -5,15 +5,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from pathlib import Path
 
-from envkit import profile as profiles
-from envkit.doctor import cachechecks, environment, files, packages, story, torchchecks
+from envkit import venvrecord
+from envkit.doctor import cachechecks, environment, files, packages, startup, story, torchchecks
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Report, Status
 from envkit.errors import ProfileError
 from envkit.uvtool import run_uv
-from envkit.venv import Venv, resolve_venv
+from envkit.venv import resolve_venv
 
 __all__ = ["Finding", "Report", "Status", "diagnose", "fix", "load_context"]
 
@@ -26,6 +25,9 @@ CHECKS = (
     (packages.check_requires, False),
     (files.check_modified, False),
     (files.check_pth, False),
+    (startup.check_startup, False),
+    (startup.check_site_packages, False),
+    (startup.check_interpreter, False),
     (environment.check_env, False),
     (torchchecks.check_build, False),
     (cachechecks.check_perms, False),
@@ -34,33 +36,22 @@ CHECKS = (
 )
 
 
-def _lock_for(venv: Venv, profile_name: str | None, lock_path: str | None) -> profiles.Profile | None:
-    """The lock given on the command line, else the one recorded in the venv's envkit.json."""
-    if profile_name or lock_path:
-        return profiles.load(profile_name, lock_path)
-    manifest = venv.manifest() or {}
-    recorded = manifest.get("lock_path")
-    if recorded and Path(recorded).is_file():
-        return profiles.load_file(Path(recorded))
-    if manifest.get("profile"):
-        try:
-            return profiles.load(manifest["profile"])
-        except ProfileError:
-            return None
-    return None
-
-
 def load_context(venv_path=None, profile_name=None, lock_path=None, *, deep=False, environ=None, fetch=False,
                  find_links=()) -> Context:
     venv = resolve_venv(venv_path, profile_name)
-    return Context(venv, _lock_for(venv, profile_name, lock_path), dict(os.environ if environ is None else environ),
-                   deep=deep, fetch=fetch, find_links=tuple(find_links))
+    choice = venvrecord.lock_for(venv, profile_name, lock_path)
+    return Context(venv, choice.profile, dict(os.environ if environ is None else environ),
+                   deep=deep, fetch=fetch, find_links=tuple(find_links), lock_refused=choice.refused)
 
 
 def diagnose(ctx: Context) -> Report:
     findings: list[Finding] = []
     skipped = []
     for check, needs_lock in CHECKS:
+        if needs_lock and ctx.lock_refused:
+            findings.append(Finding("lock.untrusted", Status.FAIL, str(ctx.venv.path),
+                                    f"no lock checked: {ctx.lock_refused}", ctx.lock_fix_command()))
+            continue
         if needs_lock and ctx.profile is None:
             skipped.append("lock.missing/lock.version/lock.extra: no lock (give --profile NAME or --lock PATH)")
             continue

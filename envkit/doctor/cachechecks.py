@@ -47,10 +47,12 @@ def check_perms(ctx: Context) -> list[Finding]:
         for name, problem in list(problems.items())[:5]:
             path = root if name == "." else root / name
             findings.append(Finding("cache.perms", Status.FAIL, str(path), problem,
-                                    f"chmod -R go-w {root} (and remove links), or rm -rf {path}"))
+                                    f"chmod -R go-w {shlex.quote(str(root))} (and remove links), or "
+                                    f"rm -rf {shlex.quote(str(path))}"))
         if len(problems) > 5:
             findings.append(Finding("cache.perms", Status.FAIL, str(root),
-                                    f"{len(problems) - 5} more unsafe entries under this cache", f"rm -rf {root}"))
+                                    f"{len(problems) - 5} more unsafe entries under this cache",
+                                    f"rm -rf {shlex.quote(str(root))}"))
     return findings or [Finding("cache.perms", Status.OK, f"{checked} cache dirs",
                                 "every compile cache dir present is yours and private, every entry in it too")]
 
@@ -82,14 +84,14 @@ def check_fingerprint(ctx: Context) -> list[Finding]:
         if fingerprint is None:
             findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
                                     f"{FINGERPRINT} is corrupted: this cache cannot be trusted",
-                                    f"rm -rf {cache_dir} && {fix}"))
+                                    f"rm -rf {shlex.quote(str(cache_dir))} && {fix}"))
             continue
         result = compare(cache_dir, fingerprint)
         if result.tampered:
             findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
                                     f"{len(result.changed)} changed, {len(result.removed)} removed and "
                                     f"{len(result.untrusted)} unverifiable entries since fingerprinted ({tampered_names(result)}): "
-                                    f"corruption or tampering", f"rm -rf {cache_dir} && {fix}"))
+                                    f"corruption or tampering", f"rm -rf {shlex.quote(str(cache_dir))} && {fix}"))
             continue
         old = fingerprint.get("key_parts", {})
         stale = {k: (old.get(k), v) for k, v in now.items() if k in old and old.get(k) != v}

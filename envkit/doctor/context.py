@@ -27,6 +27,7 @@ class Context:
     deep: bool = False
     fetch: bool = False  # download a wheel to show a hand edit as a diff
     find_links: tuple = ()  # wheelhouses given on the command line (the configured ones are read too)
+    lock_refused: str = ""  # why the lock the venv's envkit.json names was not used (venvrecord)
     files_checked: int = 0  # set by the RECORD check, for its summary line
     files_hashed: int = 0  # of those, how many were read (the others' stat matched the doctor index)
     record_problems: dict = field(default_factory=dict)  # dist-info name -> why its RECORD is unreadable
@@ -87,6 +88,9 @@ class Context:
         version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
         cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)", text, re.M)
         return {"version": version[1] if version else None, "cuda": cuda[1] if cuda else None}
+
+    def lock_fix_command(self) -> str:
+        return f"envkit doctor --venv {shlex.quote(str(self.venv.path))} --lock PATH  (or --profile NAME)"
 
     def fix_command(self) -> str:
         return f"envkit doctor --fix --venv {shlex.quote(str(self.venv.path))}"

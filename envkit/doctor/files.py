@@ -157,6 +157,11 @@ def _edit_diff(ctx: Context, name: str, relative: str, expected: str) -> str:
     return unified_diff(shipped, edited, relative)
 
 
+def recorded_paths(ctx: Context) -> set[str]:
+    """Every checked path (relative to site-packages) some distribution's RECORD lists."""
+    return {relative for dist in ctx.distributions for relative, _digest in _record_summary(ctx, dist)["rows"]}
+
+
 def pth_owners(ctx: Context) -> dict[str, str]:
     """Which distribution's RECORD lists each top-level .pth file."""
     return {pth: dist.name for dist in ctx.distributions for pth in _record_summary(ctx, dist)["pth"]}

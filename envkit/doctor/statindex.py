@@ -5,7 +5,8 @@ ctime, which no user can set back (utime changes it too), so a restored mtime do
 an edit through a hard link (uv's cache) changes the shared inode's ctime as well. The same rule
 covers each RECORD: one whose stat is unchanged is not parsed again, its checked rows come from the
 index (every file they list is still lstat'ed). The index is envkit's own (under ENVKIT_CACHE_DIR,
-0600, read without following links) and counts for nothing once the venv's lock digest changed.
+0600, read without following links, ignored with a warning unless it and its dirs are yours and writable by
+no one else: envkit/state.py) and counts for nothing once the venv's lock digest changed.
 `--deep` ignores it and hashes everything.
 """
 
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from envkit import paths
 from envkit.fsops import write_json_atomic
+from envkit.state import read_trusted_json
 from envkit.venv import Venv
-from trainer.files import read_json_file
 
 VERSION = 2
 
@@ -61,10 +62,8 @@ def _lock_digest(venv: Venv) -> str | None:
 
 def load(venv: Venv) -> StatIndex:
     """What an earlier run verified, or an empty index when there is none for this venv and lock."""
-    try:
-        data = read_json_file(index_path(venv), limit=256 << 20)
-    except ValueError:
-        return StatIndex()
+    # Owned by you and writable by no one else, or ignored: whoever writes the index decides which edits doctor skips.
+    data = read_trusted_json(index_path(venv), limit=256 << 20)
     if not (isinstance(data, dict) and data.get("version") == VERSION and data.get("venv") == str(venv.path)
             and data.get("lock_digest") == _lock_digest(venv) and isinstance(data.get("files"), dict)
             and isinstance(data.get("records"), dict)):

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Report, Status
+from envkit.safeio import UnsafeFile, read_text
 
 SLACK_S = 2.0  # dist-infos written by the create itself land within its last seconds
 
@@ -52,9 +53,9 @@ def _created(ctx: Context) -> float | None:
 
 
 def _installer(dist_info) -> str:
-    try:
-        return (dist_info / "INSTALLER").read_text().strip() or "by hand"
-    except OSError:
+    try:  # not followed, not blocking: a FIFO named INSTALLER must not hang doctor
+        return read_text(dist_info / "INSTALLER", 4096).strip()[:40] or "by hand"
+    except UnsafeFile:
         return "by hand"  # no installer wrote this dist-info
 
 

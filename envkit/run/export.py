@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 
+from envkit.doctor.startup import interpreter_problem
 from envkit.errors import RunError, VenvError
 from envkit.run.rundir import RUN_JSON, read_run
 from envkit.run.runs import find_run
 from envkit.trainer_process import run_trainer, trainer_env
 from envkit.text import printable
 from envkit.venv import Venv
+from trainer.files import permission_problem
 
 
 def resolve_run(run: str, runs_dir: Path | None = None) -> Path:
@@ -34,16 +37,25 @@ def run_venv(record: dict, run_dir: Path) -> Venv:
     if real == run_dir.resolve() or run_dir.resolve() in real.parents:
         raise RunError(f"the run's venv {printable(venv.path)} lies inside the run dir: a run dir never brings its "
                        f"own interpreter; export with a run envkit started")
+    if not venv.python.exists():
+        raise RunError(f"the run's venv {printable(venv.path)} is gone; recreate it with `envkit create --venv "
+                       f"{shlex.quote(str(venv.path))}` (profile {printable(record.get('profile'))}) and export again")
+    # Its marker and interpreter are only envkit's if no one else could have written them.
+    for entry in (venv.path, venv.path / "bin", venv.manifest_path, venv.path / "pyvenv.cfg"):
+        problem = permission_problem(entry) if os.path.lexists(entry) else "missing"
+        if problem:
+            raise RunError(f"the run's venv {printable(venv.path)} is not one envkit would run: "
+                           f"{printable(entry.name)} is {printable(problem)}; export runs only in a venv you own")
     try:
         made_by_envkit = venv.is_venv() and venv.manifest() is not None
     except VenvError:
         made_by_envkit = False
-    if not venv.python.exists():
-        raise RunError(f"the run's venv {printable(venv.path)} is gone; recreate it with `envkit create --venv "
-                       f"{shlex.quote(str(venv.path))}` (profile {printable(record.get('profile'))}) and export again")
     if not made_by_envkit:
         raise RunError(f"the run's venv {printable(venv.path)} was not made by envkit (no envkit.json); export runs "
                        f"only in a venv envkit created")
+    problem = interpreter_problem(venv, venv.python)
+    if problem:
+        raise RunError(f"the run's venv {printable(venv.path)}: bin/python {problem}; nothing was run")
     return venv
 
 

@@ -7,6 +7,7 @@ SIGTERM to the trainer (which checkpoints), and records the end in run.json.
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import shlex
@@ -29,7 +30,7 @@ from envkit.errors import RunError
 from envkit.text import printable
 from envkit.installed import installed_versions
 from envkit.progress import Phases
-from envkit.run.rundir import (CONFIG_JSON, LOG, NODE_JSON, RUN_JSON, check_run_name, now, read_node, read_run,
+from envkit.run.rundir import (CONFIG_JSON, boot_id, LOG, NODE_JSON, RUN_JSON, check_run_name, now, read_node, read_run,
                            read_summary, update_run)
 from envkit.trainer_process import trainer_command, trainer_env
 from envkit.trainer_source import trainer_digest
@@ -200,7 +201,7 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
         "config_path": str(config_path), "profile": profile.name if profile else None,
         "lock_digest": profile.lock_digest if profile else None, "venv": str(venv.path),
         "versions": _versions(venv), "git_commit": _git_commit(), "command": command,
-        "envkit_command": sys.argv, "host": socket.gethostname(), "started_at": now(), "ended_at": None,
+        "envkit_command": sys.argv, "host": socket.gethostname(), "boot_id": boot_id(), "started_at": now(), "ended_at": None,
         "exit_code": None, "detached": request.detach,
         "launcher_pid": os.getpid(),  # a `starting` run whose launcher and supervisor are gone is lost
     }
@@ -295,12 +296,14 @@ def supervise(run_dir: Path, *, echo: bool) -> dict:
                 proc.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        # The log keeps the bytes; the terminal gets them escaped (a file name the trainer echoes may hold ESC).
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
             for chunk in iter(lambda: proc.stdout.read1(65536), b""):
                 log.write(chunk)
                 log.flush()
                 if echo:
-                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.write(printable(decoder.decode(chunk), keep_newlines=True))
                     sys.stdout.flush()
             code = proc.wait()
         finally:

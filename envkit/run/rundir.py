@@ -23,6 +23,15 @@ LOG = "train.log"
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
+def boot_id() -> str | None:
+    """This boot of this machine (Linux), so that a run dir copied from another host, or kept over a reboot,
+    is never taken for a live run by its pids."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 
 from envkit import paths
 from envkit.errors import RunError
-from envkit.run.rundir import LOG, RUN_JSON, check_run_name, read_run
+from envkit.run.rundir import LOG, RUN_JSON, boot_id, check_run_name, read_run
 from envkit.safeio import UnsafeFile, open_regular, read_text
+from trainer.files import loads_json
 from envkit.text import printable
 
 METRICS_LIMIT = 256 << 20
@@ -38,7 +39,7 @@ def _metrics(run_dir: Path) -> tuple[dict, dict]:
         return last_step, last_eval
     for line in lines:
         try:
-            row = json.loads(line)
+            row = loads_json(line)
         except ValueError:
             continue  # a line being written right now
         if not isinstance(row, dict):
@@ -50,10 +51,17 @@ def _metrics(run_dir: Path) -> tuple[dict, dict]:
     return last_step, last_eval
 
 
+def started_here(record: dict) -> bool:
+    """Whether the run was started on this machine since it booted (a pid means something only there)."""
+    return record.get("host") == socket.gethostname() and record.get("boot_id") in (None, boot_id())
+
+
 def status_of(record: dict) -> str:
     status = record.get("status", "unknown")
     if not isinstance(status, str):
         return "invalid"
+    if status in ("running", "starting") and not started_here(record):
+        return "elsewhere"  # its pids are another machine's: nothing here can say it is alive
     if status == "running" and not _alive(record.get("supervisor_pid")):
         return "lost"  # the supervisor died without recording an end (SIGKILL, reboot)
     if status == "starting" and not _alive(record.get("launcher_pid")) and not _alive(record.get("supervisor_pid")):

@@ -1,0 +1,84 @@
+"""Which lock envkit created a venv from, recorded in envkit's own state (a venv's envkit.json is its own word).
+
+doctor, train and export use a venv's lock without `--profile/--lock` only when the user or envkit chose
+it: a profile of this project, or the lock envkit recorded here when it built that very venv (same path,
+same directory inode: a venv copied or rebuilt elsewhere is another venv).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from envkit import profile as profiles
+from envkit import state
+from envkit.errors import ProfileError
+from envkit.text import printable
+from envkit.venv import Venv
+
+KIND = "venvs"
+
+
+def _identity(venv: Venv) -> dict | None:
+    try:
+        info = os.stat(venv.path)
+    except OSError:
+        return None
+    return {"path": str(venv.path.resolve()), "inode": info.st_ino, "device": info.st_dev}
+
+
+def remember(venv: Venv, profile: profiles.Profile) -> None:
+    """Record, after a create, the lock this venv was built from."""
+    identity = _identity(venv)
+    if identity is None:
+        return
+    record = {**identity, "profile": profile.name, "lock_digest": profile.lock_digest,
+              "lock_path": str(profile.path.resolve()) if profile.path else None}
+    try:
+        state.write(KIND, state.path_key(venv.path), record)
+    except OSError as exc:  # the venv is fine; only its lock must then be named on later commands
+        state.warn_ignored(state.record_path(KIND, state.path_key(venv.path)), f"cannot be written ({exc.strerror})")
+
+
+def recorded_lock(venv: Venv) -> str | None:
+    """The lock path envkit recorded creating this very venv from, or None."""
+    record = state.read(KIND, state.path_key(venv.path))
+    identity = _identity(venv)
+    if not record or identity is None or any(record.get(k) != v for k, v in identity.items()):
+        return None
+    lock_path = record.get("lock_path")
+    return lock_path if isinstance(lock_path, str) else None
+
+
+@dataclass(frozen=True)
+class LockChoice:
+    profile: profiles.Profile | None
+    refused: str = ""  # why the lock the venv names was not used (empty when none was refused)
+
+
+def _project_profile(name) -> profiles.Profile | None:
+    try:
+        return profiles.load(profiles.check_profile_name(name, "envkit.json"))
+    except ProfileError:
+        return None
+
+
+def lock_for(venv: Venv, profile_name: str | None, lock_path: str | None) -> LockChoice:
+    """The lock given on the command line, else the one envkit recorded for this venv, else the project
+    profile the venv's envkit.json names; a lock file the venv names itself is refused, with why."""
+    if profile_name or lock_path:
+        return LockChoice(profiles.load(profile_name, lock_path))
+    recorded = recorded_lock(venv)
+    if recorded and Path(recorded).is_file():
+        return LockChoice(profiles.load_file(Path(recorded)))
+    manifest = venv.manifest() or {}
+    named_path, named_profile = manifest.get("lock_path"), manifest.get("profile")
+    project = _project_profile(named_profile) if named_profile else None
+    if project and (not named_path or Path(named_path).resolve() == project.path.resolve()):
+        return LockChoice(project)
+    if named_path:
+        return LockChoice(None, f"its envkit.json names the lock {printable(named_path)}, which is not a profile of "
+                                f"this project and not the lock envkit recorded creating this venv from: a venv does "
+                                f"not choose its own lock (give --lock PATH if you trust that file)")
+    return LockChoice(project)
