@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import random
 import stat
 from pathlib import Path
@@ -15,7 +16,16 @@ from trainer.files import atomic_write
 
 def save(path: Path, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
     atomic_write(path, lambda handle: torch.save(state, handle), mode=0o666)
+
+
+def remove_stale_temps(path: Path) -> None:
+    """The temp files of earlier writes of this checkpoint that a SIGKILL left (atomic_write cleans up on any
+    failure it lives through, not on one it does not): a run dir has one writer, so none is in use."""
+    for temp in path.parent.glob(f".{path.name}.*.tmp"):
+        if temp.is_file() and not temp.is_symlink() and temp.lstat().st_uid == os.getuid():
+            temp.unlink(missing_ok=True)
 
 
 # What every checkpoint the trainer writes holds, and the type of each.

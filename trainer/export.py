@@ -22,7 +22,7 @@ import torch
 from trainer import modelcard
 from trainer.config import TrainConfig
 from trainer.errors import TrainerInputError
-from trainer.files import file_sha256
+from trainer.files import file_sha256, read_json_record
 from trainer.target import same_checksum, weights_checksum
 
 EXPORT_MANIFEST = "envkit-export.json"
@@ -117,22 +117,27 @@ def _target_record(cfg: TrainConfig) -> dict | None:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _listed_files(out: Path) -> set[str] | None:
-    """The files an export's manifest lists (its own name included), or None when `out` is no export envkit
-    wrote: a manifest that does not parse, or any entry the manifest does not list (a file a user added)."""
-    manifest_path = out / EXPORT_MANIFEST
-    try:
-        if not stat.S_ISREG(manifest_path.lstat().st_mode) or manifest_path.lstat().st_size > 64 << 20:
-            return None
-        manifest = json.loads(manifest_path.read_text())
-        listed = set(manifest["files"]) | {EXPORT_MANIFEST}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    present = set()
+def _not_replaceable(out: Path) -> str | None:
+    """Why `out` is not an export envkit wrote and nobody changed since, or None: its manifest must parse, and
+    every entry in it must be a regular file the manifest lists with the sha256 it recorded (a file a user
+    added or edited by hand is theirs: --force never deletes it)."""
+    manifest = read_json_record(out / EXPORT_MANIFEST)
+    files = manifest.get("files") if manifest else None
+    if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
+        return f"it has no readable {EXPORT_MANIFEST}: not an export made by envkit"
     for directory, dirnames, filenames in os.walk(out):
         for name in filenames + [d for d in dirnames if (Path(directory) / d).is_symlink()]:
-            present.add(str((Path(directory) / name).relative_to(out)))
-    return listed if present <= listed else None
+            path = Path(directory) / name
+            relative = str(path.relative_to(out))
+            if relative == EXPORT_MANIFEST:
+                continue
+            if relative not in files:
+                return f"it holds {relative!r}, which its {EXPORT_MANIFEST} does not list"
+            if not stat.S_ISREG(path.lstat().st_mode):
+                return f"{relative!r} is not a regular file"
+            if file_sha256(path) != files[relative]:
+                return f"{relative!r} was changed since the export (its sha256 differs from the recorded one)"
+    return None
 
 
 def _place(tmp: Path, out: Path, force: bool) -> None:
@@ -163,9 +168,10 @@ def check_out(out: Path, force: bool) -> None:
     if not force:
         raise TrainerInputError(f"{out} exists and is not empty; choose another --out or pass --force to replace "
                                 f"a previous export")
-    if not out.is_dir() or _listed_files(out) is None:
-        raise TrainerInputError(f"{out} is not an export made by envkit, or holds files its {EXPORT_MANIFEST} does "
-                                f"not list; refusing to replace it even with --force: choose another --out")
+    problem = "it is not a directory" if not out.is_dir() else _not_replaceable(out)
+    if problem:
+        raise TrainerInputError(f"{str(out)!r} cannot be replaced, even with --force: {problem}; nothing was "
+                                f"changed: choose another --out, or move your files out of it")
 
 
 def _export_meta(state: dict, dtype: str | None) -> dict:
