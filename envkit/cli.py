@@ -373,7 +373,7 @@ def cache_prune_command(dry_run, as_json):
     if as_json:
         return _print_json(removed)
     for row in removed:
-        click.echo(f"{'would remove' if dry_run else 'removed'} {row['path']}: {row['reason']}")
+        click.echo(printable(f"{'would remove' if dry_run else 'removed'} {row['path']}: {row['reason']}"))
     click.echo(f"{len(removed)} caches {'to prune' if dry_run else 'pruned'}")
 
 
