@@ -70,6 +70,9 @@ class DataConfig:
     greedy: bool = False  # generated data: the target's argmax, as greedy serving verifies (no sampling, no ban)
     eval_sequences: int = 32
     skip_bad: bool = False  # count and skip malformed JSONL lines instead of stopping
+    # A data file's held-out rows: those whose content hash falls below this fraction (appending rows never
+    # moves them; with so few rows that none does, the row of smallest hash). Never trained on.
+    heldout_fraction: float = 0.02
 
 
 @dataclass
@@ -81,6 +84,8 @@ class TrainConfig:
     batch_size: int = 8
     num_anchors: int = 16  # blocks per sequence (padding blocks when fewer positions qualify)
     steps: int = 300
+    # Passes over the training rows; when set, the steps are derived from it (an explicit --steps wins).
+    epochs: int | None = None
     lr: float = 6e-4
     weight_decay: float = 0.0
     warmup_frac: float = 0.04
@@ -161,7 +166,7 @@ BOUNDS = {
     "drafter.num_layers": (1, None), "drafter.intermediate_size": (1, None), "drafter.gamma": POSITIVE,
     "data.length_median": (1, None), "data.length_p90": (1, None), "data.num_sequences": (1, None),
     "data.prompt_len": (1, None), "data.sample_temperature": POSITIVE, "data.ban_recent": (0, None),
-    "data.eval_sequences": (1, None),
+    "data.eval_sequences": (1, None), "data.heldout_fraction": (0, 0.5, True), "epochs": (1, None),
 }
 LIST_MINIMUM = {"data.buckets": 2, "drafter.target_layer_ids": 0}  # lengths hold a token; layer ids count from 0
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,), "list[int]": (list,)}

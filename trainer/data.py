@@ -7,17 +7,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from trainer.config import DataConfig
 from trainer.errors import TrainerInputError
-from trainer.files import loads_json
-
-
-@dataclass
-class Sequence:
-    input_ids: list[int]
-    loss_mask: list[int]
+from trainer.rows import Sequence, parse_line, text_tokens
 
 
 def bucket_for(length: int, buckets: list[int]) -> int:
@@ -28,42 +23,126 @@ def bucket_for(length: int, buckets: list[int]) -> int:
 
 
 @dataclass
+class Plan:
+    """Documents grouped into rows, each padded to a bucket: row r holds docs[row_offsets[r]:row_offsets[r + 1]]."""
+    row_offsets: np.ndarray  # int64, rows + 1
+    row_docs: np.ndarray  # int64 document indices
+    row_bucket: np.ndarray  # int64 padded length of each row
+
+    @classmethod
+    def make(cls, lengths: np.ndarray, buckets: list[int], packing: bool) -> "Plan":
+        lengths = np.asarray(lengths, dtype=np.int64)
+        rows = pack(lengths.tolist(), buckets[-1]) if packing else [[i] for i in range(len(lengths))]
+        sizes = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        row_docs = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(sizes.sum()))
+        row_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        filled = np.add.reduceat(np.minimum(lengths[row_docs], buckets[-1]), row_offsets[:-1]) if len(rows) else \
+            np.zeros(0, dtype=np.int64)
+        index = np.minimum(np.searchsorted(buckets, filled, side="left"), len(buckets) - 1)
+        return cls(row_offsets, row_docs, np.asarray(buckets, dtype=np.int64)[index])
+
+
+class ListDocuments:
+    """Documents held in memory (generated data, evaluation rows, small files)."""
+
+    def __init__(self, sequences: list[Sequence]):
+        self.sequences = sequences
+        self.lengths = np.fromiter((len(s.input_ids) for s in sequences), dtype=np.int64, count=len(sequences))
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def get(self, index: int) -> Sequence:
+        return self.sequences[index]
+
+
+@dataclass
 class Dataset:
-    """Sequences in rows of a bucket's length: one sequence a row, or several when packed."""
-    sequences: list[Sequence]
+    """Documents in rows of a bucket's length (one document a row, or several when packed), read in epochs."""
+    sequences: list[Sequence] | None
     buckets: list[int]
     dropped_short: int = 0  # too short for one block
     truncated: int = 0  # longer than the largest bucket
     skipped_bad: int = 0  # malformed lines skipped with --skip-bad
     packing: bool = False
-    rows: list[list[int]] = field(default_factory=list)  # sequence indices of each row
-    by_bucket: dict[int, list[int]] = field(default_factory=dict)  # bucket -> row indices
+    documents: object = None  # ListDocuments, or a token store's documents (trainer/storedata.py)
+    plan: Plan | None = None
+    by_bucket: dict[int, np.ndarray] = field(default_factory=dict)  # bucket -> row indices
 
     def __post_init__(self):
-        lengths = [len(seq.input_ids) for seq in self.sequences]
-        self.rows = pack(lengths, self.buckets[-1]) if self.packing else [[i] for i in range(len(self.sequences))]
-        self.by_bucket = {}
-        for index, row in enumerate(self.rows):
-            filled = sum(lengths[i] for i in row)
-            self.by_bucket.setdefault(bucket_for(filled, self.buckets), []).append(index)
+        if self.documents is None:
+            self.documents = ListDocuments(self.sequences or [])
+        if self.plan is None:
+            self.plan = Plan.make(self.documents.lengths, self.buckets, self.packing)
+        self.by_bucket = {int(b): np.flatnonzero(self.plan.row_bucket == b) for b in np.unique(self.plan.row_bucket)}
+        self._order: tuple | None = None
 
-    def batch(self, step: int, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
-        """The batch of a step, a pure function of (seed, step): resuming replays the same batches."""
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        buckets = sorted(self.by_bucket)
-        counts = torch.tensor([len(self.by_bucket[b]) for b in buckets], dtype=torch.float)
-        bucket = buckets[int(torch.multinomial(counts, 1, generator=generator))]
-        members = self.by_bucket[bucket]
-        picks = [members[int(i)] for i in torch.randint(len(members), (batch_size,), generator=generator)]
-        return collate([self.row(i) for i in picks], bucket) | {"row_ids": torch.tensor(picks)}
+    @property
+    def num_rows(self) -> int:
+        return len(self.plan.row_bucket)
+
+    @property
+    def rows(self) -> list[list[int]]:
+        """Each row's document indices as lists (small data and tests; a store's plan stays in arrays)."""
+        offsets, docs = self.plan.row_offsets, self.plan.row_docs
+        return [docs[offsets[r]:offsets[r + 1]].tolist() for r in range(self.num_rows)]
+
+    def row(self, index: int) -> list[Sequence]:
+        """A row's documents; row -1 is an empty (padding-only) row, which fills an epoch's last batches."""
+        if index < 0:
+            return []
+        offsets = self.plan.row_offsets
+        return [self.documents.get(int(d)) for d in self.plan.row_docs[offsets[index]:offsets[index + 1]]]
+
+    # -- epochs ----------------------------------------------------------------------------------------------
+    def epoch_order(self, epoch: int, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(bucket of each batch, rows of each batch) of an epoch: a permutation per (seed, epoch) of each bucket's
+        rows cut into batches (an epoch's last batch of a bucket padded with empty rows, -1), the batches then
+        shuffled. Every row is in exactly one batch of every epoch."""
+        if self._order and self._order[0] == (epoch, batch_size, seed):
+            return self._order[1], self._order[2]
+        rng = np.random.default_rng([seed, epoch])
+        buckets, batches = [], []
+        for bucket in sorted(self.by_bucket):
+            members = rng.permutation(self.by_bucket[bucket])
+            members = np.concatenate([members, np.full((-len(members)) % batch_size, -1, dtype=np.int64)])
+            batches.append(members.reshape(-1, batch_size))
+            buckets += [bucket] * len(batches[-1])
+        order = rng.permutation(len(buckets))
+        batch_buckets = np.asarray(buckets, dtype=np.int64)[order]
+        batch_rows = np.concatenate(batches)[order] if batches else np.zeros((0, batch_size), dtype=np.int64)
+        self._order = ((epoch, batch_size, seed), batch_buckets, batch_rows)
+        return batch_buckets, batch_rows
+
+    def batches_per_epoch(self, batch_size: int) -> int:
+        return sum(-(-len(members) // batch_size) for members in self.by_bucket.values())
+
+    def steps_per_epoch(self, slots: int, batch_size: int) -> int:
+        """Steps that take every batch of an epoch once, `slots` batches a step (ranks x replicas)."""
+        return max(1, -(-self.batches_per_epoch(batch_size) // slots))
+
+    def batch_rows(self, step: int, slot: int, slots: int, batch_size: int, seed: int) -> tuple[int, np.ndarray]:
+        """(bucket, rows) of the batch a slot (rank x replica) trains at a step: a pure function of the step, so
+        a resumed run continues the same order mid-epoch. Slots past an epoch's last batch get empty rows."""
+        epoch, within = divmod(step, self.steps_per_epoch(slots, batch_size))
+        batch_buckets, batch_rows = self.epoch_order(epoch, batch_size, seed)
+        index = within * slots + slot
+        if index < len(batch_buckets):
+            return int(batch_buckets[index]), batch_rows[index]
+        return min(self.by_bucket), np.full(batch_size, -1, dtype=np.int64)
+
+    def epoch_of(self, step: int, slots: int, batch_size: int) -> int:
+        return step // self.steps_per_epoch(slots, batch_size)
+
+    def batch(self, step: int, slot: int, slots: int, batch_size: int, seed: int) -> dict[str, torch.Tensor]:
+        bucket, picks = self.batch_rows(step, slot, slots, batch_size, seed)
+        return collate([self.row(int(i)) for i in picks], bucket) | {"row_ids": torch.from_numpy(picks.copy())}
 
     def bucket_batch(self, bucket: int, batch_size: int) -> dict[str, torch.Tensor]:
         """A batch of one bucket's shape, for warm-up; any rows will do (or padding-only ones)."""
-        members = self.by_bucket.get(bucket) or list(range(len(self.rows)))
-        return collate([self.row(members[i % len(members)]) for i in range(batch_size)], bucket)
-
-    def row(self, index: int) -> list[Sequence]:
-        return [self.sequences[i] for i in self.rows[index]]
+        members = self.by_bucket.get(bucket)
+        members = members if members is not None and len(members) else np.arange(self.num_rows)
+        return collate([self.row(int(members[i % len(members)])) for i in range(batch_size)], bucket)
 
 
 def pack(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -142,72 +221,6 @@ def _finish(raw: list[Sequence], cfg: DataConfig, block_size: int, skipped_bad: 
     return Dataset(kept, cfg.buckets, dropped_short=short, truncated=truncated, skipped_bad=skipped_bad)
 
 
-def _conversation_tokens(tokenizer, messages: list[dict], template_kwargs: dict | None) -> Sequence:
-    """Token ids of the chat-templated conversation; loss mask on assistant tokens only.
-
-    Each turn's tokens are the difference between the rendered prefixes, which is only right when each
-    rendering is a prefix of the next (templates that rewrite earlier turns, such as Qwen3's thinking
-    blocks, break that): such a conversation is refused rather than mislabelled.
-    """
-    ids: list[int] = []
-    mask: list[int] = []
-    for i, message in enumerate(messages):
-        prefix = tokenizer.apply_chat_template(messages[: i + 1], tokenize=True, **(template_kwargs or {}))
-        prefix = list(prefix if isinstance(prefix, list) else prefix["input_ids"])  # v5 returns a BatchEncoding
-        if prefix[: len(ids)] != ids:
-            raise TrainerInputError(f"the chat template renders turn {i + 1} so that the earlier turns change (rendered "
-                             f"prefixes must extend each other); fix the conversation or the template kwargs")
-        new = prefix[len(ids):]
-        ids += new
-        mask += [1 if message.get("role") == "assistant" else 0] * len(new)
-    return Sequence(ids, mask)
-
-
-def _token_ids(values, vocab_size: int | None, what: str) -> list[int]:
-    """Whole numbers in [0, vocab): an id outside the vocabulary would crash a step (a device assert on CUDA)
-    at whatever step first draws it; here it is the line's error."""
-    if not isinstance(values, list):
-        raise ValueError(f"{what} must be a list")
-    for value in values:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"{what} holds {value!r:.40}, not a token id")
-        if value < 0 or (vocab_size is not None and value >= vocab_size):
-            raise ValueError(f"token id {value} is outside the vocabulary (0..{(vocab_size or 1) - 1})")
-    return values
-
-
-def _row(line: bytes, cfg: DataConfig, vocab_size: int | None, tokenizer) -> Sequence:
-    row = loads_json(line)  # not UTF-8 or nested too deeply: a ValueError, the line's error
-    if not isinstance(row, dict):
-        raise ValueError("expected a JSON object")
-    if "input_ids" in row:
-        ids = _token_ids(row["input_ids"], vocab_size, "input_ids")
-        mask = row.get("loss_mask", [1] * len(ids))
-        if not isinstance(mask, list) or len(mask) != len(ids):
-            raise ValueError("loss_mask and input_ids differ in length")
-        return Sequence(ids, [int(bool(m)) for m in mask])
-    if "text" in row:
-        if tokenizer is None:
-            raise TrainerInputError("text data needs a tokenizer; give --tokenizer PATH or --target PATH")
-        if not isinstance(row["text"], str):
-            raise ValueError("text must be a string")
-        return _text_tokens(tokenizer, row["text"], vocab_size)
-    if "conversations" in row:
-        if tokenizer is None:
-            raise TrainerInputError("conversation data needs a tokenizer; give --tokenizer PATH or --target PATH")
-        seq = _conversation_tokens(tokenizer, row["conversations"], cfg.chat_template_kwargs)
-        _token_ids(seq.input_ids, vocab_size, "the tokenized conversation")
-        return seq
-    raise ValueError("expected `input_ids`, `text` or `conversations`")
-
-
-def _text_tokens(tokenizer, text: str, vocab_size: int | None) -> Sequence:
-    """Plain text, every token supervised (no prompt: the drafter learns the text as it is)."""
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    _token_ids(ids, vocab_size, "the tokenized text")
-    return Sequence(ids, [1] * len(ids))
-
-
 def load_text(path: str, cfg: DataConfig, block_size: int, tokenizer, vocab_size: int | None = None) -> Dataset:
     """A plain text file (UTF-8): cut into documents of the largest bucket's length."""
     if tokenizer is None:
@@ -216,7 +229,7 @@ def load_text(path: str, cfg: DataConfig, block_size: int, tokenizer, vocab_size
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TrainerInputError(f"{path} is not UTF-8 text ({exc}); give UTF-8 text or JSONL") from None
-    whole = _text_tokens(tokenizer, text, vocab_size)
+    whole = text_tokens(tokenizer, text, vocab_size)
     size = cfg.buckets[-1]
     pieces = [Sequence(whole.input_ids[i:i + size], whole.loss_mask[i:i + size])
               for i in range(0, len(whole.input_ids), size)]
@@ -237,7 +250,7 @@ def load_jsonl(path: str, cfg: DataConfig, block_size: int, tokenizer=None, voca
             if not line.strip():
                 continue
             try:
-                raw.append(_row(line, cfg, vocab_size, tokenizer))
+                raw.append(parse_line(line, vocab_size, tokenizer, cfg.chat_template_kwargs))
             except TrainerInputError as exc:
                 raise TrainerInputError(f"{path}:{lineno}: {exc}") from None
             except (ValueError, TypeError, KeyError, AttributeError) as exc:

@@ -30,7 +30,7 @@ from trainer import features, threadsafe
 from trainer.faults import NONE as NO_FAULTS, Faults
 from trainer.gradients import all_reduce_mean, mean_across
 from trainer.setup import Setup
-from trainer.steps import Work, batch_index, compile_buckets, forward_backward, work_for
+from trainer.steps import Work, batch_slot, compile_buckets, forward_backward, work_for
 
 POLL_S = 0.2  # how often blocked threads look at the stop flag
 MAX_AHEAD = 4  # steps target workers may run ahead of the drafters (bounds queued and pending work)
@@ -67,7 +67,7 @@ class SequentialExecutor:
 
     def next(self) -> StepResult:
         replica = self.setup.replica
-        work = work_for(self.setup, self.step, self.step, features=self.features)
+        work = work_for(self.setup, self.step, 0, 1, features=self.features)
         loss = forward_backward(replica, work.inputs)
         replica.apply_gradients()
         self.step += 1
@@ -232,8 +232,8 @@ class ThreadedExecutor:
             if self.faults.inject("target", index, step, self.stop):
                 raise Stopped
             with self.gate.shared():  # a foreign trace must not capture the target's module calls (H2)
-                work = work_for(setup, step, batch_index(step, replica, replicas, self.rank, self.world_size),
-                                    target)
+                work = work_for(setup, step, batch_slot(replica, replicas, self.rank), replicas * self.world_size,
+                                target)
             self._put(self.work_queues[replica], work)
 
     def _drafter_worker(self, index: int) -> None:

@@ -25,18 +25,20 @@ class RowFeatures:
         self.states = states
 
     def batch(self, row_ids: torch.Tensor) -> torch.Tensor:
-        return torch.stack([self.states[int(i)] for i in row_ids])
+        """Row -1 (an empty row filling an epoch's last batch) has all-zero states: it has no tokens to attend."""
+        any_state = next(iter(self.states.values()))
+        return torch.stack([self.states[int(i)] if int(i) >= 0 else torch.zeros_like(any_state) for i in row_ids])
 
 
 def worth_computing(setup: Setup) -> bool:
     """On a CPU target, when the states fit the budget and the run's steps read at least every row once.
     The run's steps, not those left: a resumed run must read the states the same way as before."""
     data, cfg = setup.train_data, setup.cfg
-    if setup.target_device.type != "cpu" or not data.rows:
+    if setup.target_device.type != "cpu" or not data.num_rows:
         return False
     width = len(setup.layer_ids) * cfg.target.hidden_size * torch.finfo(setup.dtype).bits // 8
     size = sum(bucket * len(rows) for bucket, rows in data.by_bucket.items()) * width
-    return size <= BUDGET_BYTES and cfg.steps * cfg.batch_size >= len(data.rows)
+    return size <= BUDGET_BYTES and cfg.steps * cfg.batch_size >= data.num_rows
 
 
 @torch.no_grad()
@@ -46,7 +48,7 @@ def compute(setup: Setup) -> RowFeatures:
     states = {}
     for bucket, members in sorted(data.by_bucket.items()):
         for start in range(0, len(members), cfg.batch_size):
-            chunk = members[start:start + cfg.batch_size]
+            chunk = [int(i) for i in members[start:start + cfg.batch_size]]
             tapped = target_states(setup, setup.target, collate([data.row(i) for i in chunk], bucket))
             states.update(zip(chunk, tapped.unbind(0)))
     return RowFeatures(states)

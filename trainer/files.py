@@ -95,6 +95,14 @@ def open_lock_file(path: Path) -> int:
                          + (" (a symlink: remove it)" if os.path.islink(path) else "")) from None
 
 
+def envkit_home() -> Path:
+    """ENVKIT_HOME as envkit resolves it (default $XDG_DATA_HOME/envkit): built targets and token stores live there."""
+    home = os.environ.get("ENVKIT_HOME")
+    if not home:
+        home = str(Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "envkit")
+    return Path(home).expanduser()
+
+
 def read_json_record(path: Path, *, limit: int = 64 << 20) -> dict | None:
     """A JSON object from a regular file, or None when it is missing, not a regular file, too large,
     malformed or not an object: a record the trainer reads as data."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from trainer import corpus
 from trainer.errors import TrainerInputError
-from trainer.files import atomic_write, file_sha256, open_lock_file, permission_problem, read_json_record
+from trainer.files import atomic_write, envkit_home, file_sha256, open_lock_file, permission_problem, read_json_record
 
 TARGET_MANIFEST = "envkit-target.json"
 EOS, MASK = "<|endoftext|>", "<|mask|>"  # ids 0 and 1: the drafter's mask token is a row no text uses
@@ -71,11 +71,8 @@ def recipe(name: str) -> Recipe:
 
 
 def targets_dir() -> Path:
-    """ENVKIT_HOME/targets (ENVKIT_HOME as envkit resolves it: default $XDG_DATA_HOME/envkit)."""
-    home = os.environ.get("ENVKIT_HOME")
-    if not home:
-        home = str(Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "envkit")
-    return Path(home).expanduser() / "targets"
+    """ENVKIT_HOME/targets."""
+    return envkit_home() / "targets"
 
 
 def recipe_key(name: str, corpus_digest: str) -> str:

@@ -13,11 +13,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer import corpus, data as datasets
+from trainer import corpus, data as datasets, store
 from trainer.config import TrainConfig, target_layer_ids
 from trainer.model import BACKENDS, build_drafter
 from trainer.replica import Replica
 from trainer.errors import TrainerInputError
+from trainer.storedata import store_datasets
 from trainer.target import build_target, sync_config_from_model, target_dir
 
 
@@ -138,18 +139,27 @@ def resolve_mask_token(cfg: TrainConfig, tokenizer, embedding_rows: int) -> int:
     return chosen
 
 
+def store_data(cfg: TrainConfig, log) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """A data file through its token store: prepared on first use (once per node, under a lock), mapped after."""
+    prepared = store.prepare(cfg.data.path, tokenizer_dir=tokenizer_source(cfg),
+                             template_kwargs=cfg.data.chat_template_kwargs, skip_bad=cfg.data.skip_bad,
+                             vocab_size=cfg.target.vocab_size, log=log, progress=store.main_progress)
+    opened = store.open_store(Path(prepared.store))
+    train, eval_data = store_datasets(opened, cfg, cfg.drafter.block_size, prepared.skipped)
+    how = "reused" if prepared.reused else f"prepared in {prepared.seconds:.1f}s ({prepared.rows_per_s:,.0f} rows/s)"
+    log(f"data: token store {prepared.store} ({how}): {prepared.rows:,} rows, {prepared.tokens:,} tokens, "
+        f"{prepared.skipped} malformed lines skipped; {len(train.documents):,} training documents in "
+        f"{train.num_rows:,} rows, {len(eval_data.documents)} held-out evaluated; dropped {train.dropped_short} too "
+        f"short for one block, truncated {train.truncated} to {cfg.data.buckets[-1]} tokens")
+    return train, eval_data
+
+
 def build_datasets(cfg: TrainConfig, tokenizer, target: nn.Module, mask_token_id: int, log):
     """Training rows (packed unless --no-packing) and held-out sequences (one a row: tau reads them alone)."""
     block = cfg.drafter.block_size
     if cfg.data.path:
-        train = datasets.load_jsonl(cfg.data.path, cfg.data, block, tokenizer, vocab_size=cfg.target.vocab_size)
-        # Hold out the last few sequences for tau.
-        held = max(1, min(cfg.data.eval_sequences, len(train.sequences) // 10))
-        eval_data = datasets.Dataset(train.sequences[-held:], cfg.data.buckets)
-        train = datasets.Dataset(train.sequences[:-held] or train.sequences, cfg.data.buckets,
-                                 dropped_short=train.dropped_short, truncated=train.truncated,
-                                 skipped_bad=train.skipped_bad)
-    elif cfg.data.source == "corpus":
+        return store_data(cfg, log)
+    if cfg.data.source == "corpus":
         if tokenizer is None:
             raise TrainerInputError("data.source corpus needs a tokenizer: a recipe target (--preset code), or "
                                     "--target/--tokenizer PATH")
@@ -182,5 +192,5 @@ def build_datasets(cfg: TrainConfig, tokenizer, target: nn.Module, mask_token_id
     if cfg.data.packing:
         train = datasets.Dataset(train.sequences, cfg.data.buckets, dropped_short=train.dropped_short,
                                  truncated=train.truncated, skipped_bad=train.skipped_bad, packing=True)
-        log(f"data: packed {len(train.sequences)} sequences into {len(train.rows)} rows")
+        log(f"data: packed {len(train.sequences)} sequences into {train.num_rows} rows")
     return train, eval_data

@@ -39,9 +39,9 @@ class Work:
     stats: dict  # work_stats
 
 
-def batch_index(step: int, replica: int, replicas: int, rank: int = 0, world_size: int = 1) -> int:
-    """Which batch of the data order a replica trains on at a step: every (step, rank, replica) its own."""
-    return (step * world_size + rank) * replicas + replica
+def batch_slot(replica: int, replicas: int, rank: int = 0) -> int:
+    """Which of a step's batches a replica trains: every (rank, replica) its own (a step has ranks x replicas)."""
+    return rank * replicas + replica
 
 
 def target_states(setup: Setup, target_model, batch: dict) -> torch.Tensor:
@@ -71,11 +71,11 @@ def step_inputs(setup: Setup, batch: dict, generator: torch.Generator, target_mo
     return StepInputs(tapped, block_ids, anchors, labels, weights, batch["positions"], batch["doc_ids"])
 
 
-def work_for(setup: Setup, step: int, index: int, target_model=None, features=None) -> Work:
-    """The batch at position `index` of the data order, prepared for `step`."""
+def work_for(setup: Setup, step: int, slot: int, slots: int, target_model=None, features=None) -> Work:
+    """Batch `slot` of the `slots` a step trains (the epoch order's), prepared for `step` (0-based)."""
     cfg = setup.cfg
-    batch = setup.train_data.batch(index, cfg.batch_size, cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed * 7_919 + index)
+    batch = setup.train_data.batch(step, slot, slots, cfg.batch_size, cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed * 7_919 + step * slots + slot)
     inputs = step_inputs(setup, batch, generator, target_model, features)
     return Work(step, inputs, int(batch["lengths"].sum()), int(batch["input_ids"].numel()),
                 int(batch["input_ids"].shape[1]), work_stats(batch, inputs.anchors))
@@ -94,7 +94,8 @@ def work_stats(batch: dict, anchors: torch.Tensor) -> dict:
     target's block-diagonal attention) and the anchors placed."""
     docs = batch["doc_ids"]
     counts = [torch.bincount(row[row >= 0]) for row in docs]
-    return {"doc_tokens_sq": int(sum(int((c * c).sum()) for c in counts)), "anchors": int((anchors >= 0).sum())}
+    return {"doc_tokens_sq": int(sum(int((c * c).sum()) for c in counts)), "anchors": int((anchors >= 0).sum()),
+            "rows": int((batch["lengths"] > 0).sum())}
 
 
 def compile_buckets(setup: Setup, buckets: list[int], progress=None) -> None:
