@@ -1,9 +1,11 @@
-"""python -m trainer {train,eval,warmup}: the bundled DFlash drafter trainer."""
+"""python -m trainer: the bundled DFlash drafter trainer (train, prepare, eval, export, warmup, describe, selftest,
+make-target, load-cache; `python -m trainer COMMAND --help` explains each)."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import signal
@@ -15,7 +17,7 @@ from trainer.config import TrainConfig, resolve
 from trainer.launcher import close_distributed, launch, pin_local_gpu, wants_launch
 from trainer.errors import TrainerInputError
 from trainer.faults import Faults
-from trainer.files import atomic_write, loads_json, read_json_file
+from trainer.files import atomic_write, loads_json, read_json_file, read_json_record
 from trainer.records import headline
 
 
@@ -27,12 +29,15 @@ def _config(args) -> TrainConfig:
             file_values = read_json_file(Path(args.config), limit=16 << 20)
         except ValueError as exc:
             raise TrainerInputError(f"--config {args.config}: cannot read a JSON config ({exc})") from None
-    overrides = {"steps": args.steps, "batch_size": args.batch_size, "num_anchors": args.num_anchors,
+    overrides = {"steps": args.steps, "epochs": args.epochs, "batch_size": args.batch_size, "num_anchors": args.num_anchors,
                  "attention": args.attention, "seed": args.seed, "compile": args.compile, "data.path": args.data,
                  "target.path": args.target, "data.tokenizer": args.tokenizer,
                  "data.skip_bad": True if args.skip_bad else None, "data.packing": args.packing,
                  "data.chat_template_kwargs": _template_kwargs(args.chat_template_kwargs)}
-    return resolve(args.preset, file_values, {k: v for k, v in overrides.items() if v is not None})
+    cfg = resolve(args.preset, file_values, {k: v for k, v in overrides.items() if v is not None})
+    if args.steps is not None:
+        cfg.epochs = None  # an explicit step count wins over epochs from any source
+    return cfg
 
 
 def _template_kwargs(text: str | None) -> dict | None:
@@ -316,6 +321,37 @@ def cmd_selftest(args) -> int:
     return 0 if all(result["passed"] for result in results.values()) else 1
 
 
+def cmd_prepare(args) -> int:
+    """The data file's token store, prepared now or found intact (trainer/store.py)."""
+    from trainer import store
+    from trainer.setup import tokenizer_source
+    from trainer.target import target_dir
+
+    cfg = _config(args)
+    if not cfg.data.path:
+        raise TrainerInputError("prepare needs --data PATH (JSONL or a plain text file)")
+    if cfg.target.path or cfg.target.recipe:  # the vocabulary the run's target has (what train checks ids against)
+        config = read_json_record(Path(target_dir(cfg.target, log=lambda m: print(m, file=sys.stderr))) / "config.json")
+        if not config or not isinstance(config.get("vocab_size"), int):
+            raise TrainerInputError(f"the target {cfg.target.path or cfg.target.recipe} has no config.json with a "
+                                    f"vocab_size")
+        cfg.target.vocab_size = config["vocab_size"]
+    prepared = store.prepare(cfg.data.path, tokenizer_dir=tokenizer_source(cfg),
+                             template_kwargs=cfg.data.chat_template_kwargs, skip_bad=cfg.data.skip_bad,
+                             vocab_size=cfg.target.vocab_size, progress=store.Progress())
+    if args.verify:
+        store.open_store(Path(prepared.store), verify=True)
+    result = dataclasses.asdict(prepared) | {"verified": bool(args.verify)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        how = "reused" if prepared.reused else f"prepared in {prepared.seconds:.1f}s ({prepared.rows_per_s:,.0f} rows/s)"
+        print(f"{prepared.store}: {prepared.rows:,} rows, {prepared.tokens:,} tokens, {prepared.skipped} malformed "
+              f"lines skipped, {prepared.untrainable} with nothing supervised; {how}"
+              + ("; every file re-hashed and intact" if args.verify else ""))
+    return 0
+
+
 def cmd_make_target(args) -> int:
     """Train a small Qwen3 target and its tokenizer on the stdlib sources (trainer/maketarget.py)."""
     from trainer import maketarget
@@ -338,13 +374,18 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     # One flag set for train, warmup and describe, so that envkit hands a run's arguments to each; flags that
     # do not decide the config (devices, threads) only matter to train.
-    for name in ("train", "warmup", "describe"):
-        p = sub.add_parser(name, allow_abbrev=False)
+    helps = {"train": "train a DFlash drafter (the run dir gets metrics.jsonl, checkpoint.pt, summary.json)",
+             "warmup": "compile every length bucket single-threaded into the compile cache (envkit warm-cache)",
+             "describe": "print the resolved config and what decides the compile cache's key (JSON)",
+             "prepare": "tokenize a data file once into a memory-mapped token store that runs reuse (JSON with --json)"}
+    for name in ("train", "warmup", "describe", "prepare"):
+        p = sub.add_parser(name, allow_abbrev=False, help=helps[name], description=helps[name])
         p.add_argument("--preset", help="tiny (default) | code | qwen3_8b")
         p.add_argument("--config", help="a JSON config: a full one (a run's config.json), or a preset's changes "
                                         "({\"preset\": \"tiny\", \"steps\": 50}); flags override it")
-        p.add_argument("--out", required=name != "describe", help="run directory (metrics.jsonl, checkpoint.pt)")
-        p.add_argument("--steps", type=int)
+        p.add_argument("--out", required=name in ("train", "warmup"), help="run directory (metrics.jsonl, checkpoint.pt)")
+        p.add_argument("--steps", type=int, help="steps to train (wins over --epochs)")
+        p.add_argument("--epochs", type=int, help="passes over the training rows; the steps follow from it")
         p.add_argument("--batch-size", type=int)
         p.add_argument("--num-anchors", type=int)
         p.add_argument("--data", help="JSONL (conversations, {\"text\": ...} or input_ids/loss_mask), or a plain "
@@ -384,7 +425,11 @@ def main(argv=None) -> int:
         p.add_argument("--fail-at", help=argparse.SUPPRESS)  # KIND:INDEX:STEP, raises there (tests)
         if name == "warmup":
             p.add_argument("--export", help="after warming, write torch's Mega-Cache blob to this file")
-    p = sub.add_parser("load-cache")  # envkit's `cache import` calls it, after verification
+        if name == "prepare":
+            p.add_argument("--json", action="store_true", help="print the store, its counts, seconds, reused")
+            p.add_argument("--verify", action="store_true", help="re-hash every file of the store against its manifest")
+    p = sub.add_parser("load-cache", help="load a verified Mega-Cache blob into the compile cache (envkit's `cache "
+                                          "import` calls it, after verification)")
     p.add_argument("blob")
     p.add_argument("--sha256", required=True, help="the digest envkit verified the blob against")
     sub.add_parser("selftest", help="reproduce each torch hazard with its mitigation off, then prove the "
@@ -393,7 +438,7 @@ def main(argv=None) -> int:
                                            "sources (the `code` preset's target)")
     p.add_argument("--recipe", default="code_tiny", help="code_tiny (CPU, ~2 min) | code_small (one GPU)")
     p.add_argument("--out", help="directory to create (default: built once into $ENVKIT_HOME/targets and reused)")
-    p = sub.add_parser("eval")
+    p = sub.add_parser("eval", help="re-evaluate a checkpoint: teacher-forced tau, or the decoding walk (--walk)")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--device")
     p.add_argument("--walk", action="store_true",
@@ -419,7 +464,7 @@ def main(argv=None) -> int:
     try:
         commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
                     "load-cache": cmd_load_cache, "export": cmd_export, "selftest": cmd_selftest,
-                    "make-target": cmd_make_target}
+                    "make-target": cmd_make_target, "prepare": cmd_prepare}
         return commands[args.command](args)
     except TrainerInputError as exc:  # anything else is a bug or torch's failure: its traceback is kept
         print(f"Error: {exc}", file=sys.stderr)

@@ -47,6 +47,11 @@ def throughput(positions: int, useful: int, seconds: float) -> dict:
             "pad_fraction": round(1 - useful / positions, 4) if positions else 0.0}
 
 
+def peak_rss() -> int:
+    """This process's peak resident memory on the host, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def peak_memory(device: torch.device) -> int:
     """Peak since the last call on CUDA (a per-step peak shows whether memory is flat); process peak RSS on CPU."""
     if device.type == "cuda":
@@ -81,6 +86,15 @@ class Trainer:
         # re-joined the rendezvous counts none (pytorch/pytorch#135712): the group's figure is the largest,
         # and every rank takes the same decision to resume.
         self.restarts = max_across_ranks(dist, restart_count(), self._flag_group) if dist else restart_count()
+        # A step trains one batch per (rank, replica): the epoch order is cut into steps of that many batches.
+        self.slots = len(setup.replicas) * (dist.get_world_size() if dist else 1)
+        self.steps_per_epoch = setup.train_data.steps_per_epoch(self.slots, self.cfg.batch_size)
+        if self.cfg.epochs:
+            self.cfg.steps = self.cfg.epochs * self.steps_per_epoch
+            self.log(f"data: {self.cfg.epochs} epochs of {self.steps_per_epoch} steps ({self.slots} batches of "
+                     f"{self.cfg.batch_size} rows a step): {self.cfg.steps} steps")
+        self.peak_rss_by_rank: dict[str, int] = {}  # set at the end of train(), every rank's
+        self.rows_seen = 0  # training rows (not padding rows) trained so far, summed over ranks and replicas
         state = self._resume_state(resume or self.restarts > 0)
         if state is not None:
             self.load_state_dict(state)
@@ -176,7 +190,9 @@ class Trainer:
         health["recompiles"] = max(health["recompiles"], extra.pop("gated_compiles", 0))
         devices = [replica.device for replica in self.setup.replicas]
         peak = peak_memory(devices[0]) if len(devices) == 1 else {str(d): peak_memory(d) for d in devices}
-        return StepRow(step=result.step, loss=round(result.loss, 5),
+        self.rows_seen += result.stats.get("rows", 0)
+        return StepRow(step=result.step, loss=round(result.loss, 5), epoch=(result.step - 1) // self.steps_per_epoch,
+                       rows_seen=self.rows_seen, peak_rss_bytes=peak_rss(),
                        **throughput(result.positions, result.useful_tokens, seconds), **result.stats,
                        lr=self.setup.replica.scheduler.get_last_lr()[0], peak_mem_bytes=peak, bucket=result.bucket,
                        **extra, **health)
@@ -229,8 +245,13 @@ class Trainer:
         if self.step_count < cfg.steps:
             raise Interrupted
         counters = inductor_cache_counters()
+        rss = {"rank0": peak_rss()}
         if self.dist:  # collective: every rank takes part, the summary carries the group's sums
             counters = {k: int(v) for k, v in sum_across_ranks(self.dist, counters, self._flag_group).items()}
+            rank, world = self.dist.get_rank(), self.dist.get_world_size()
+            mine = {f"rank{r}": peak_rss() if r == rank else 0 for r in range(world)}  # each rank fills its own
+            rss = {k: int(v) for k, v in sum_across_ranks(self.dist, mine, self._flag_group).items()}
+        self.peak_rss_by_rank = rss
         if not self.is_writer():  # a torchrun rank other than 0: rank 0 evaluates, checkpoints and reports
             return {}
         final_eval = self.evaluate()
@@ -355,7 +376,9 @@ class Trainer:
                 "tokens_per_s": last_row.get("tokens_per_s"), "useful_tokens_per_s": last_row.get("useful_tokens_per_s"),
                 "pad_fraction": last_row.get("pad_fraction"), "recompiles": last_row.get("recompiles", 0),
                 "eager_fallbacks": last_row.get("eager_fallbacks", 0), "graph_breaks": last_row.get("graph_breaks", 0),
-                "world_size": self.dist.get_world_size() if self.dist else 1, "restarts": self.restarts, **counters}
+                "world_size": self.dist.get_world_size() if self.dist else 1, "restarts": self.restarts,
+                "epochs": self.step_count / self.steps_per_epoch, "rows_seen": self.rows_seen,
+                "peak_rss_bytes_by_rank": self.peak_rss_by_rank or {"rank0": peak_rss()}, **counters}
 
     # -- metrics ----------------------------------------------------------------------------------
     def _write(self, row: dict) -> None:
@@ -393,6 +416,7 @@ class Trainer:
     def state_dict(self) -> dict:
         setup = self.setup
         return {**setup.replica.state_dict(), "step": self.step_count, "first_loss": self.first_loss,
+                "rows_seen": self.rows_seen,
                 "config": self.cfg.to_dict(), "layer_ids": setup.layer_ids, "mask_token_id": setup.mask_token_id,
                 "export": {"dtype": str(setup.dtype).removeprefix("torch."), "target": self.target_identity,
                            "tokenizer": setup.tokenizer_path,
@@ -414,6 +438,8 @@ class Trainer:
                                     f"({str(exc).strip().splitlines()[0][:160]}); start a new run") from None
         checkpoint.restore_rng(path, state.get("rng"))
         self.step_count, self.first_loss = state["step"], state.get("first_loss")
+        rows_seen = state.get("rows_seen", 0)
+        self.rows_seen = rows_seen if isinstance(rows_seen, int) and not isinstance(rows_seen, bool) else 0
 
     def save_checkpoint(self) -> Path | None:
         if not self.is_writer():

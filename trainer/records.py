@@ -9,6 +9,10 @@ from typing import TypedDict
 class StepRow(TypedDict, total=False):
     """One line of metrics.jsonl per training step (the README's metrics table)."""
     step: int  # steps done, this one included
+    epoch: int  # the epoch this step belongs to (0-based)
+    rows_seen: int  # training rows trained so far, over every rank and replica (padding rows not counted)
+    rows: int  # training rows in this step's batches
+    peak_rss_bytes: int  # peak resident host memory of the writing process (rank 0)
     loss: float
     tokens_per_s: float  # every position processed, padding included
     useful_tokens_per_s: float  # real tokens only
@@ -80,6 +84,9 @@ class Summary(TypedDict):
     graph_breaks: int
     world_size: int
     restarts: int  # torchrun restarts of the worker group
+    epochs: float  # passes over the training rows done
+    rows_seen: int  # training rows trained, over every rank and replica
+    peak_rss_bytes_by_rank: dict  # {"rank0": bytes, ...}: each process's peak resident host memory
     # and the inductor cache counters: fxgraph_cache_hit/miss/bypass, autograd_cache_hit/miss
 
 

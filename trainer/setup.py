@@ -143,7 +143,7 @@ def store_data(cfg: TrainConfig, log) -> tuple[datasets.Dataset, datasets.Datase
     """A data file through its token store: prepared on first use (once per node, under a lock), mapped after."""
     prepared = store.prepare(cfg.data.path, tokenizer_dir=tokenizer_source(cfg),
                              template_kwargs=cfg.data.chat_template_kwargs, skip_bad=cfg.data.skip_bad,
-                             vocab_size=cfg.target.vocab_size, log=log, progress=store.main_progress)
+                             vocab_size=cfg.target.vocab_size, log=log, progress=store.Progress())
     opened = store.open_store(Path(prepared.store))
     train, eval_data = store_datasets(opened, cfg, cfg.drafter.block_size, prepared.skipped)
     how = "reused" if prepared.reused else f"prepared in {prepared.seconds:.1f}s ({prepared.rows_per_s:,.0f} rows/s)"

@@ -378,7 +378,15 @@ def open_store(out: Path, *, verify: bool = False) -> TokenStore:
     return TokenStore(out, manifest, **arrays)
 
 
-def main_progress(done: int, total: int, rows: int, seconds: float) -> None:
-    """A progress line on stderr: bytes done, rows and rows/s."""
-    print(f"\rprepare: {done / max(total, 1):6.1%} {rows:,} rows ({rows / max(seconds, 1e-9):,.0f} rows/s)",
-          end="" if done < total else "\n", file=sys.stderr, flush=True)
+class Progress:
+    """A progress line on stderr every few seconds and at the end (whole lines: they land in train.log too)."""
+
+    def __init__(self, every_s: float = 3.0):
+        self.every_s, self.last = every_s, 0.0
+
+    def __call__(self, done: int, total: int, rows: int, seconds: float) -> None:
+        if done < total and seconds - self.last < self.every_s:
+            return
+        self.last = seconds
+        print(f"prepare: {done / max(total, 1):6.1%} of {total / 2**20:,.0f} MiB, {rows:,} rows "
+              f"({rows / max(seconds, 1e-9):,.0f} rows/s)", file=sys.stderr, flush=True)
