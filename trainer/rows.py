@@ -21,11 +21,15 @@ def token_ids(values, vocab_size: int | None, what: str) -> list[int]:
     at whatever step first draws it; here it is the line's error."""
     if not isinstance(values, list):
         raise ValueError(f"{what} must be a list")
-    for value in values:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"{what} holds {value!r:.40}, not a token id")
-        if value < 0 or (vocab_size is not None and value >= vocab_size):
-            raise ValueError(f"token id {value} is outside the vocabulary (0..{(vocab_size or 1) - 1})")
+    if not values:
+        return values
+    # The checks in C (set, min, max) for the common case; the loop below only finds the value to name.
+    if set(map(type, values)) != {int} or min(values) < 0 or (vocab_size is not None and max(values) >= vocab_size):
+        for value in values:
+            if type(value) is not int:
+                raise ValueError(f"{what} holds {value!r:.40}, not a token id")
+            if value < 0 or (vocab_size is not None and value >= vocab_size):
+                raise ValueError(f"token id {value} is outside the vocabulary (0..{(vocab_size or 1) - 1})")
     return values
 
 
@@ -39,7 +43,7 @@ def parse_line(line: bytes, vocab_size: int | None, tokenizer, template_kwargs: 
         mask = row.get("loss_mask", [1] * len(ids))
         if not isinstance(mask, list) or len(mask) != len(ids):
             raise ValueError("loss_mask and input_ids differ in length")
-        return Sequence(ids, [int(bool(m)) for m in mask])
+        return Sequence(ids, mask if set(mask) <= {0, 1} else [int(bool(m)) for m in mask])
     if "text" in row:
         if tokenizer is None:
             raise TrainerInputError("text data needs a tokenizer; give --tokenizer PATH or --target PATH")

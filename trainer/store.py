@@ -113,7 +113,7 @@ class ChunkJob:
 
 
 def _first_supervised(mask: list[int]) -> int:
-    return next((i for i in range(1, len(mask)) if mask[i]), -1)
+    return next((i for i in range(1, len(mask)) if mask[i]), -1)  # text pieces: every token, so at once
 
 
 def prepare_chunk(job: ChunkJob) -> dict:
@@ -125,8 +125,9 @@ def prepare_chunk(job: ChunkJob) -> dict:
     if lines and lines[-1] == b"":
         lines.pop()
     tokenizer = _tokenizer(job.tokenizer_dir)
-    ids: list[int] = []
-    mask: list[int] = []
+    dtype = _token_dtype(job.vocab_size)
+    ids: list[np.ndarray] = []
+    mask: list[np.ndarray] = []
     lengths, hashes, firsts, bad = [], [], [], []
     if job.text:
         if tokenizer is None:
@@ -138,8 +139,8 @@ def prepare_chunk(job: ChunkJob) -> dict:
         pieces = [(seq.input_ids[i:i + TEXT_PIECE], seq.loss_mask[i:i + TEXT_PIECE])
                   for i in range(0, len(seq.input_ids), TEXT_PIECE)]
         for piece_ids, piece_mask in pieces:
-            ids += piece_ids
-            mask += piece_mask
+            ids.append(np.asarray(piece_ids, dtype=dtype))
+            mask.append(np.asarray(piece_mask, dtype=np.uint8))
             lengths.append(len(piece_ids))
             hashes.append(_hash(np.asarray(piece_ids, dtype=np.int64).tobytes()))
             firsts.append(_first_supervised(piece_mask))
@@ -157,13 +158,15 @@ def prepare_chunk(job: ChunkJob) -> dict:
                             "lines": len(lines)}
                 bad.append(number)
                 continue
-            ids += seq.input_ids
-            mask += seq.loss_mask
-            lengths.append(len(seq.input_ids))
+            row_mask = np.asarray(seq.loss_mask, dtype=np.uint8)
+            ids.append(np.asarray(seq.input_ids, dtype=dtype))
+            mask.append(row_mask)
+            lengths.append(len(row_mask))
             hashes.append(_hash(line.strip()))
-            firsts.append(_first_supervised(seq.loss_mask))
-    return {"tokens": np.asarray(ids, dtype=_token_dtype(job.vocab_size)).tobytes(),
-            "loss_mask": np.asarray(mask, dtype=np.uint8).tobytes(),
+            supervised = np.flatnonzero(row_mask[1:])
+            firsts.append(int(supervised[0]) + 1 if len(supervised) else -1)
+    return {"tokens": np.concatenate(ids).tobytes() if ids else b"",
+            "loss_mask": np.concatenate(mask).tobytes() if mask else b"",
             "lengths": np.asarray(lengths, dtype=np.int64), "row_hash": np.asarray(hashes, dtype=np.uint64),
             "first_supervised": np.asarray(firsts, dtype=np.int64), "bad": bad, "lines": len(lines)}
 
