@@ -96,6 +96,10 @@ class Trainer:
         self.peak_rss_by_rank: dict[str, int] = {}  # set at the end of train(), every rank's
         self.rows_seen = 0  # training rows (not padding rows) trained so far, summed over ranks and replicas
         state = self._resume_state(resume or self.restarts > 0)
+        if state is not None and resume and not self.restarts and state["step"] >= self.cfg.steps:
+            raise TrainerInputError(f"checkpoint {self.out_dir / CHECKPOINT} is at step {state['step']}, the run's "
+                                    f"last ({self.cfg.steps}): nothing to resume; raise --steps to train on, or "
+                                    f"evaluate it with `python -m trainer eval --ckpt {self.out_dir / CHECKPOINT}`")
         if state is not None:
             self.load_state_dict(state)
             again = f" (restart {self.restarts} of the worker group: steps after it are done again)" if self.restarts else ""
@@ -426,10 +430,6 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         path = self.out_dir / CHECKPOINT
         checkpoint.check_compatible(path, state, self.cfg.to_dict())
-        if state["step"] >= self.cfg.steps:
-            raise TrainerInputError(f"checkpoint {path} is at step {state['step']}, the run's last ({self.cfg.steps}): "
-                                    f"nothing to resume; raise --steps to train on, or evaluate it with "
-                                    f"`python -m trainer eval --ckpt {path}`")
         try:
             for replica in self.setup.replicas:
                 replica.load_state_dict(state)

@@ -90,28 +90,36 @@ class Summary(TypedDict):
     # and the inductor cache counters: fxgraph_cache_hit/miss/bypass, autograd_cache_hit/miss
 
 
+def _figure(summary: Summary, key: str, spec: str) -> str:
+    """A number of the summary formatted, or n/a (a resumed run with no step left has no end loss)."""
+    value = summary.get(key)
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
+
+
 def headline(summary: Summary) -> str:
     """The trainer's last line: the walk against both rules, then the teacher-forced figures and the loss."""
-    verdict = "beats both" if summary["beats_baselines"] else \
+    f = lambda key, spec=".2f": _figure(summary, key, spec)  # noqa: E731
+    verdict = "beats both" if summary.get("beats_baselines") else \
         "does NOT beat both baselines: it has learned nothing worth reporting"
-    return (f"done: walk tau {summary['walk_tau']:.2f} (repeat-anchor {summary['walk_repeat_tau']:.2f}, copy "
-            f"{summary['walk_copy_tau']:.2f}: {verdict}); teacher-forced tau {summary['tau_start']:.2f} -> "
-            f"{summary['tau_end']:.2f}; loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}")
+    return (f"done: walk tau {f('walk_tau')} (repeat-anchor {f('walk_repeat_tau')}, copy {f('walk_copy_tau')}: "
+            f"{verdict}); teacher-forced tau {f('tau_start')} -> {f('tau_end')}; "
+            f"loss {f('loss_start', '.3f')} -> {f('loss_end', '.3f')}")
 
 
 def details(summary: Summary) -> list[str]:
     """A finished run as `envkit train` and `envkit runs` tell it: one indented line a figure."""
-    verdict = "beats both baselines" if summary["beats_baselines"] else \
+    f = lambda key, spec=".2f": _figure(summary, key, spec)  # noqa: E731
+    verdict = "beats both baselines" if summary.get("beats_baselines") else \
         "does NOT beat both baselines: nothing worth reporting was learned"
+    speed = summary.get("useful_tokens_per_s") or summary.get("tokens_per_s")
     return [
         f"  acceptance length (greedy decoding walk, {summary.get('walk_prompts')} held-out prompts, lossless): "
-        f"{summary['walk_tau']:.2f} (repeat-anchor {summary['walk_repeat_tau']:.2f}, copy "
-        f"{summary['walk_copy_tau']:.2f}: {verdict})",
-        f"  teacher-forced acceptance length {summary['tau_start']:.2f} -> {summary['tau_end']:.2f} "
-        f"(repeat-anchor {summary['baseline_repeat_tau']:.2f}, copy {summary['baseline_copy_tau']:.2f})",
-        f"  loss {summary['loss_start']:.3f} -> {summary['loss_end']:.3f}",
-        f"  {(summary.get('useful_tokens_per_s') or summary['tokens_per_s']) / 1000:.1f} Ktok/s useful "
-        f"(padding {summary.get('pad_fraction') or 0:.0%}), eager fallbacks {summary['eager_fallbacks']}, "
-        f"recompiles {summary['recompiles']}, inductor cache hits {summary['fxgraph_cache_hit']} / misses "
-        f"{summary['fxgraph_cache_miss']}",
+        f"{f('walk_tau')} (repeat-anchor {f('walk_repeat_tau')}, copy {f('walk_copy_tau')}: {verdict})",
+        f"  teacher-forced acceptance length {f('tau_start')} -> {f('tau_end')} "
+        f"(repeat-anchor {f('baseline_repeat_tau')}, copy {f('baseline_copy_tau')})",
+        f"  loss {f('loss_start', '.3f')} -> {f('loss_end', '.3f')}",
+        f"  {speed / 1000 if isinstance(speed, (int, float)) else 0:.1f} Ktok/s useful "
+        f"(padding {summary.get('pad_fraction') or 0:.0%}), eager fallbacks {summary.get('eager_fallbacks')}, "
+        f"recompiles {summary.get('recompiles')}, inductor cache hits {summary.get('fxgraph_cache_hit')} / misses "
+        f"{summary.get('fxgraph_cache_miss')}",
     ]
