@@ -217,3 +217,33 @@ def test_envkit_train_prepares_once_and_trains_two_epochs(tmp_path, cpu_venv, wa
     assert {row["epoch"] for row in steps} == {0, 1} and summary["epochs"] == 2.0
     per_epoch = summary["steps"] // 2
     assert steps[-1]["rows_seen"] == 2 * sum(row["rows"] for row in steps if row["step"] <= per_epoch)
+
+
+def test_plain_text_and_conversations_through_the_store(tmp_path, home):
+    from trainer import corpus, maketarget
+
+    files = [f for f in corpus.files() if not f.held_out][:8]
+    tokenizer = maketarget.train_tokenizer([corpus.read(f) for f in files], 300)
+    tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                               "{% endfor %}")
+    tokenizer_dir = tmp_path / "tok"
+    tokenizer.save_pretrained(tokenizer_dir)
+    text = "".join(corpus.read(f) for f in files[:3])
+    (tmp_path / "code.txt").write_text(text)
+    prepared = store.prepare(tmp_path / "code.txt", tokenizer_dir=str(tokenizer_dir), vocab_size=len(tokenizer),
+                             log=lambda m: None)
+    opened = store.open_store(Path(prepared.store))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert np.asarray(opened.tokens).tolist() == ids and opened.manifest["kind"] == "text"
+    cfg = tiny()
+    cfg.data.buckets = [64, 128]
+    train, held = store_datasets(opened, cfg, cfg.drafter.block_size, 0)
+    assert max(train.documents.lengths) <= 128  # cut into pieces of the largest bucket, not truncated
+    assert sum(train.documents.lengths) + sum(len(s.input_ids) for s in held.documents.sequences) <= len(ids)
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"conversations": [{"role": "user", "content": "def f(x):"},
+                                                   {"role": "assistant", "content": "    return x + 1"}]}) + "\n")
+    prepared = store.prepare(chats, tokenizer_dir=str(tokenizer_dir), vocab_size=len(tokenizer), log=lambda m: None)
+    row = store.open_store(Path(prepared.store)).row(0)
+    assert 0 < int(row.loss_mask.sum()) < len(row.loss_mask)  # the assistant's tokens only

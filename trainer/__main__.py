@@ -188,9 +188,25 @@ def cmd_eval(args) -> int:
                                  log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)
     taps = [int(t) for t in args.taps.split(",")] if args.taps else None
-    if (taps is not None or args.zero_context) and not args.walk:
-        raise TrainerInputError("--taps and --zero-context change the decoding walk: give --walk too")
-    print(json.dumps(trainer.evaluate_walk(taps, args.zero_context) if args.walk else trainer.evaluate()))
+    if (taps is not None or args.zero_context or args.prompts) and not args.walk:
+        raise TrainerInputError("--taps, --zero-context and --prompts change the decoding walk: give --walk too")
+    prompts = None
+    if args.prompts:
+        from trainer.rows import read_prompts
+        from trainer.target import target_dir
+
+        tokenizer_dir = trainer.setup.tokenizer_path or target_dir(cfg.target)
+        tokenizer = None
+        if tokenizer_dir:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        prompts = read_prompts(args.prompts, tokenizer, cfg.data.chat_template_kwargs, cfg.walk_prompts)
+        too_long = [i for i, p in enumerate(prompts, 1) if len(p) + cfg.walk_new_tokens > cfg.target.max_position_embeddings]
+        if too_long:
+            raise TrainerInputError(f"--prompts {args.prompts}: prompt {too_long[0]} with {cfg.walk_new_tokens} new "
+                                    f"tokens exceeds the target's {cfg.target.max_position_embeddings} positions")
+    print(json.dumps(trainer.evaluate_walk(taps, args.zero_context, prompts) if args.walk else trainer.evaluate()))
     return 0
 
 
@@ -447,6 +463,9 @@ def main(argv=None) -> int:
                                                       "instead of those it was trained on (a tap error)")
     p.add_argument("--zero-context", action="store_true",
                    help="ablation: feed the drafter all-zero context features")
+    p.add_argument("--prompts", metavar="FILE",
+                   help="walk on your own prompts (JSONL: prompt or text strings, or conversations rendered with the "
+                        "run's chat template kwargs) instead of the held-out rows; the first walk_prompts of them")
     p = sub.add_parser("export", help="write the DFlash serving format (SGLang, vLLM, dflash) from a checkpoint")
     p.add_argument("--ckpt", required=True, help="RUN_DIR/checkpoint.pt")
     p.add_argument("--out", required=True, help="directory to create (refused when not empty, unless --force)")

@@ -315,7 +315,8 @@ class Trainer:
             prompts.append(seq.input_ids[: max(1, first)])
         return prompts
 
-    def evaluate_walk(self, taps: list[int] | None = None, zero_context: bool = False) -> WalkRow:
+    def evaluate_walk(self, taps: list[int] | None = None, zero_context: bool = False,
+                      prompts: list[list[int]] | None = None) -> WalkRow:
         """Greedy speculative decoding with the drafter and the two no-learning rules, each checked lossless.
         `taps` (other target layers than trained with) and `zero_context` feed the drafter wrong context
         features: the ablations that show whether its acceptance comes from the target."""
@@ -327,7 +328,7 @@ class Trainer:
             raise TrainerInputError(f"--taps {taps} outside the target's {self.cfg.target.num_layers} layers")
         with self.monitor.excluding(), torch.no_grad():
             block = self.cfg.drafter.block_size
-            result = walk.evaluate_walk(setup.target, self._drafter_proposer(zero_context), self.walk_prompts(),
+            result = walk.evaluate_walk(setup.target, self._drafter_proposer(zero_context), prompts or self.walk_prompts(),
                                         self.cfg.walk_new_tokens, block, setup.layer_ids if taps is None else taps,
                                         setup.dtype)
         return WalkRow(step=self.step_count, eval=True, method="walk", **result)

@@ -87,3 +87,45 @@ def conversation_tokens(tokenizer, messages, template_kwargs: dict | None) -> Se
         ids += new
         mask += [1 if message.get("role") == "assistant" else 0] * len(new)
     return Sequence(ids, mask)
+
+
+def read_prompts(path: str, tokenizer, template_kwargs: dict | None, limit: int) -> list[list[int]]:
+    """A user's benchmark prompts (JSONL: `prompt` or `text` strings, or `conversations` rendered up to the assistant
+    turn that follows, as serving would), tokenized; a bad line is `FILE:LINE`."""
+    if tokenizer is None:
+        raise TrainerInputError("--prompts needs a tokenizer: a run with --target/--tokenizer or a recipe target")
+    prompts = []
+    try:
+        handle = open(path, "rb")
+    except OSError as exc:
+        raise TrainerInputError(f"--prompts {path}: {exc.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = loads_json(line)
+                if not isinstance(row, dict):
+                    raise ValueError("expected a JSON object")
+                text = row.get("prompt", row.get("text"))
+                if isinstance(text, str):
+                    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+                elif isinstance(row.get("conversations"), list):
+                    messages = row["conversations"]
+                    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+                        messages = messages[:-1]  # the answer is what the walk generates
+                    rendered = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                             **(template_kwargs or {}))
+                    ids = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+                else:
+                    raise ValueError("expected `prompt`, `text` or `conversations`")
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise TrainerInputError(f"{path}:{number}: {exc}") from None
+            if not ids:
+                raise TrainerInputError(f"{path}:{number}: the prompt is empty once tokenized")
+            prompts.append(ids)
+            if len(prompts) == limit:
+                break
+    if not prompts:
+        raise TrainerInputError(f"--prompts {path} holds no prompt")
+    return prompts
