@@ -40,7 +40,7 @@ def run_variant(args) -> dict:
     attention, compiled = VARIANTS[args.variant]
     cfg = preset(args.preset)
     cfg.attention, cfg.compile = attention, compiled
-    cfg.steps = args.steps + args.skip
+    cfg.steps = args.steps + args.skip + args.profile_steps  # the profiled steps, if any, come last
     cfg.eval_every = cfg.ckpt_every = 0
     cfg.log_every = max(1, cfg.steps)
     if args.buckets:
@@ -55,6 +55,10 @@ def run_variant(args) -> dict:
         cfg.data.source = args.data_source
     if args.packing is not None:
         cfg.data.packing = args.packing
+    if args.fp8:
+        cfg.fp8 = args.fp8
+    if args.fused is not None:
+        cfg.fused_optimizer = args.fused
     out = Path(tempfile.mkdtemp(prefix="envkit-bench-tp-"))
     started = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
@@ -74,8 +78,23 @@ def run_variant(args) -> dict:
     warm_started = time.perf_counter()
     trainer.warmup()
     warmup_s = time.perf_counter() - warm_started
+    profile = None
     try:
-        rows = [trainer.step() for _ in range(cfg.steps)][args.skip:]
+        if args.profile_steps:
+            from step_profile import group_kernels, kernels_of
+
+            rows = [trainer.step() for _ in range(cfg.steps - args.profile_steps)]
+            activities = [torch.profiler.ProfilerActivity.CPU] + (
+                [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            with torch.profiler.profile(activities=activities) as profiler:
+                for _ in range(args.profile_steps):  # profiled steps are slower: not among the measured rows
+                    trainer.step()
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+            profile = group_kernels(kernels_of(profiler), args.profile_steps)
+            rows = rows[args.skip:]
+        else:
+            rows = [trainer.step() for _ in range(cfg.steps)][args.skip:]
     except Exception as exc:  # the unmitigated race: report it as the result
         return {"variant": args.variant, "mitigations": not args.no_mitigations, "replicas": replicas,
                 "error": [f"{type(exc).__name__}: {str(exc)[:300]}"]}
@@ -117,6 +136,8 @@ def run_variant(args) -> dict:
         "eager_fallbacks": rows[-1]["eager_fallbacks"], "recompiles": rows[-1]["recompiles"],
         "setup_s": round(setup_s, 1), "warmup_s": round(warmup_s, 1),
         "flops_per_sequence_tflop": round(sequence_flops(cfg, cfg.data.buckets[-1])["total"] / 1e12, 1),
+        "fp8": cfg.fp8, "fused_optimizer": cfg.fused_optimizer, "loss_last": round(statistics.mean(
+            r["loss"] for r in rows[-3:]), 5), "losses": [r["loss"] for r in rows], "profile": profile,
     }
 
 
@@ -152,6 +173,11 @@ def main() -> None:
     parser.add_argument("--no-mitigations", action="store_true")
     parser.add_argument("--peak-tflops", type=float, help="the device's peak for MFU (default 790 on CUDA: H200 bf16)")
     parser.add_argument("--out", help="also append the JSON lines to this file")
+    parser.add_argument("--fp8", choices=["off", "target", "drafter", "both"])
+    parser.add_argument("--fused", action=argparse.BooleanOptionalAction, default=None,
+                        help="AdamW's fused kernel (default: on CUDA)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="profile the last N steps and group the kernels (bench/step_profile.py)")
     parser.add_argument("--timeout", type=int, default=900)
     args = parser.parse_args()
     if args.variant:
@@ -182,10 +208,15 @@ def main() -> None:
                 handle.write(json.dumps(result) + "\n")
     keys = ["tokens_per_s", "useful_tokens_per_s", "pad_fraction", "mfu", "useful_mfu", "tflops_per_s",
             "step_s_median", "step_s_p90", "peak_mem_gib_min", "peak_mem_gib_max", "eager_fallbacks", "recompiles",
-            "warmup_s"]
+            "warmup_s", "fp8", "loss_last"]
     print(f"{'':18}" + "".join(f"{r['variant']:>14}" for r in results))
     for key in keys:
         print(f"{key:18}" + "".join(f"{str(r.get(key, r.get('error', '-')))[:13]:>14}" for r in results))
+    for result in results:
+        if result.get("profile"):
+            from step_profile import render
+
+            print(f"\n{result['variant']} (fp8 {result.get('fp8')}): step profile\n{render(result['profile'])}")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,11 @@ class TrainConfig:
     attention: str = "auto"  # auto | flex | sdpa (flex has no backward on CPU)
     compile: bool = False  # torch.compile the drafter step (one graph per length bucket)
     lm_head_chunk: int = 2048  # positions per chunk of the fused LM-head cross-entropy
+    # FP8 linears (Hopper): off | target (the frozen target's decoder linears) | drafter (torchao float8
+    # training) | both. Refused where the device has no FP8 matmuls (trainer/fp8.py).
+    fp8: str = "off"
+    # AdamW's fused CUDA kernel (one launch for every parameter); None: fused on CUDA, the foreach path elsewhere.
+    fused_optimizer: bool | None = None
     log_every: int = 10
     eval_every: int = 100
     # The decoding walk at the end of a run (and `eval --walk`): held-out prompts, new tokens per prompt.
@@ -120,6 +125,8 @@ class TrainConfig:
             raise TrainerInputError("drafter.block_size must be at least 2 (an anchor and one predicted token)")
         if self.num_anchors < 1 or self.batch_size < 1:
             raise TrainerInputError("num_anchors and batch_size must be positive")
+        if self.fp8 not in ("off", "target", "drafter", "both"):
+            raise TrainerInputError(f"fp8 must be off, target, drafter or both, not {self.fp8!r}")
         if self.attention not in ("auto", "flex", "sdpa"):
             raise TrainerInputError(f"attention must be auto, flex or sdpa, not {self.attention!r}")
         if sorted(self.data.buckets) != self.data.buckets or not self.data.buckets:
@@ -140,7 +147,7 @@ class TrainConfig:
                 "buckets": self.data.buckets, "batch_size": self.batch_size, "num_anchors": self.num_anchors,
                 "packing": self.data.packing,
                 "dtype": self.dtype, "attention": self.attention, "compile": self.compile,
-                "lm_head_chunk": self.lm_head_chunk}
+                "lm_head_chunk": self.lm_head_chunk, "fp8": self.fp8}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint, data as datasets, evaluate, threadsafe, walk
+from trainer import checkpoint, data as datasets, evaluate, fp8, threadsafe, walk
 from trainer.board import Board
 from trainer.config import TrainConfig
 from trainer.errors import NonFiniteLoss, TrainerInputError
@@ -326,7 +326,8 @@ class Trainer:
                                     f"{setup.layer_ids}), not {taps}")
         if taps is not None and not all(0 <= t < self.cfg.target.num_layers for t in taps):
             raise TrainerInputError(f"--taps {taps} outside the target's {self.cfg.target.num_layers} layers")
-        with self.monitor.excluding(), torch.no_grad():
+        # The walk verifies against the bf16 target, as serving does, whatever the target trained with.
+        with self.monitor.excluding(), torch.no_grad(), fp8.bf16_target(setup.target):
             block = self.cfg.drafter.block_size
             result = walk.evaluate_walk(setup.target, self._drafter_proposer(zero_context), prompts or self.walk_prompts(),
                                         self.cfg.walk_new_tokens, block, setup.layer_ids if taps is None else taps,

@@ -33,8 +33,9 @@ class Replica:
         # The target's embedding and LM head, shared and frozen; a copy on this replica's device.
         self.embed_weight = embed_weight.to(device)
         self.head_weight = head_weight.to(device)
+        fused = cfg.fused_optimizer if cfg.fused_optimizer is not None else device.type == "cuda"
         self.optimizer = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                           betas=(0.9, 0.95))
+                                           betas=(0.9, 0.95), fused=fused)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: lr_factor(cfg, step))
         self._compiled_loss = torch.compile(self._loss, dynamic=False) if cfg.compile else self._loss
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer import corpus, data as datasets, store
+from trainer import corpus, data as datasets, fp8, store
 from trainer.config import TrainConfig, target_layer_ids
 from trainer.model import BACKENDS, build_drafter
 from trainer.replica import Replica
@@ -76,6 +76,8 @@ def build(cfg: TrainConfig, *, drafters: list[str | None], targets: list[str | N
     drafter_devices = [pick_device(d) for d in drafters]
     target_devices = [pick_device(d) for d in targets]
     dtype = getattr(torch, cfg.dtype) if drafter_devices[0].type == "cuda" else torch.float32
+    for device in {*drafter_devices, *target_devices}:
+        fp8.check_supported(cfg.fp8, device)
     target = build_target(cfg.target, device=target_devices[0], dtype=dtype, log=log)
     if cfg.target.path or cfg.target.recipe:
         sync_config_from_model(cfg.target, target)
@@ -84,13 +86,19 @@ def build(cfg: TrainConfig, *, drafters: list[str | None], targets: list[str | N
     layer_ids = tapped_layers(cfg)
     torch.manual_seed(cfg.seed)
     backend, attention = pick_attention(cfg, drafter_devices[0])
-    first = Replica(cfg, build_drafter(cfg.drafter, cfg.target, len(layer_ids)), drafter_devices[0],
+    drafter = build_drafter(cfg.drafter, cfg.target, len(layer_ids))
+    if cfg.fp8 in ("drafter", "both"):
+        fp8.convert_drafter(drafter)
+    first = Replica(cfg, drafter, drafter_devices[0],
                     target.get_input_embeddings().weight, target.get_output_embeddings().weight, attention, dtype)
     replicas = [first] + [first.clone_to(device) for device in drafter_devices[1:]]
     train_data, eval_data = build_datasets(cfg, tokenizer, target, mask_token_id, log)
     # Further targets after the data: generated data comes from the first, and a random target is rebuilt
     # from its seed, so every target holds the same weights.
     others = [build_target(cfg.target, device=device, dtype=dtype) for device in target_devices[1:]]
+    if cfg.fp8 in ("target", "both"):  # after the data: generated data comes from the bf16 target
+        converted = sum(fp8.convert_target(model) for model in [target] + others)
+        log(f"fp8: {converted} target linears in FP8 (per-channel weight, per-token activation scales)")
     tokenizer_path = str(Path(tokenizer_source(cfg)).absolute()) if tokenizer is not None else None
     return Setup(cfg, dtype, backend, [target] + others, replicas, layer_ids, mask_token_id, tokenizer_path,
                  train_data, eval_data)
