@@ -40,12 +40,14 @@ def group_kernels(kernels: list[tuple[str, float]], steps: int) -> list[dict]:
 
 
 def kernels_of(profiler) -> list[tuple[str, float]]:
-    """Device kernels and their total device time from a finished torch.profiler run."""
+    """Device kernels (events that ran on the GPU, not the CPU-side ops that launched them, which would count
+    their children's time again) and their total device time from a finished torch.profiler run."""
+    from torch.autograd import DeviceType
+
     out = []
     for event in profiler.key_averages():
-        device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-        if device_us and event.key and not event.key.startswith(("ProfilerStep", "aten::", "cuda")):
-            out.append((event.key, float(device_us)))
+        if event.device_type == DeviceType.CUDA:
+            out.append((event.key, float(getattr(event, "device_time_total", 0) or event.self_device_time_total)))
     return out
 
 

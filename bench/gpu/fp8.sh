@@ -34,7 +34,8 @@ PY
   timeout 290 python3 bench/train_throughput.py $common --no-fused --out "$OUT/fp8_part1.jsonl" 2> "$OUT/p1a.err" | tail -12
   timeout 290 python3 bench/train_throughput.py $common --fused --out "$OUT/fp8_part1.jsonl" 2> "$OUT/p1b.err" | tail -12
 else
-  timeout 290 python3 bench/train_throughput.py $common --fp8 target --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2a.err" | tail -12
-  timeout 290 python3 bench/train_throughput.py $common --fp8 both --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2b.err" | tail -12
+  timeout 200 python3 bench/train_throughput.py $common --fused --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2o.err" | tail -12
+  timeout 190 python3 bench/train_throughput.py $common --fp8 target --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2a.err" | tail -12
+  timeout 190 python3 bench/train_throughput.py $common --fp8 both --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2b.err" | tail -12
 fi
-tail -3 "$OUT"/p*.err | cut -c1-300
+for f in "$OUT"/p*.err; do echo "== $f"; tail -n 3 "$f" | cut -c1-300; done
