@@ -16,7 +16,7 @@ fi
   python3 -c "import torchao; print('torchao', torchao.__version__)" 2>&1 | tail -1; } > "$OUT/env$PART.txt" 2>&1
 cat "$OUT/env$PART.txt"
 common="--preset qwen3_8b --variants flex --steps 8 --skip 2 --profile-steps 3 --data-source chat_lengths \
-  --num-sequences 384 --packing --timeout 280"
+  --num-sequences 384 --packing --timeout ${VARIANT_TIMEOUT:-280}"
 if [ "$PART" = 1 ]; then
   python3 - <<'PY' > "$OUT/fp8_numerics.txt" 2>&1
 import torch
@@ -34,8 +34,9 @@ PY
   timeout 290 python3 bench/train_throughput.py $common --no-fused --out "$OUT/fp8_part1.jsonl" 2> "$OUT/p1a.err" | tail -12
   timeout 290 python3 bench/train_throughput.py $common --fused --out "$OUT/fp8_part1.jsonl" 2> "$OUT/p1b.err" | tail -12
 else
-  timeout 200 python3 bench/train_throughput.py $common --fused --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2o.err" | tail -12
-  timeout 190 python3 bench/train_throughput.py $common --fp8 target --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2a.err" | tail -12
-  timeout 190 python3 bench/train_throughput.py $common --fp8 both --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2b.err" | tail -12
+  VARIANT_TIMEOUT=175; common=${common/--timeout 280/--timeout 175}
+  python3 bench/train_throughput.py $common --fused --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2o.err" | tail -12
+  python3 bench/train_throughput.py $common --fp8 target --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2a.err" | tail -12
+  python3 bench/train_throughput.py $common --fp8 both --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2b.err" | tail -12
 fi
 for f in "$OUT"/p*.err; do echo "== $f"; tail -n 3 "$f" | cut -c1-300; done
