@@ -193,7 +193,8 @@ def main() -> None:
             cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.processes)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=PROJECT,
-                                  env=dict(os.environ, PYTHONPATH=str(PROJECT)))
+                                  env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                      p for p in (str(PROJECT), os.environ.get("PYTHONPATH")) if p)))
             lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
             result = json.loads(lines[-1]) if proc.returncode == 0 and lines else \
                 {"variant": variant, "error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}

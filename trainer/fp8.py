@@ -42,6 +42,20 @@ def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantized, scale
 
 
+_compiled_quantize = None
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rowwise, compiled on CUDA: eager, its abs/amax/divide/clamp/cast are five passes over the
+    activations per linear, which cost more than the FP8 GEMMs saved (measured: bench/RESULTS.md)."""
+    global _compiled_quantize
+    if x.device.type != "cuda":
+        return quantize_rowwise(x)
+    if _compiled_quantize is None:
+        _compiled_quantize = torch.compile(quantize_rowwise, dynamic=False)
+    return _compiled_quantize(x)
+
+
 class Fp8Linear(nn.Module):
     """A frozen linear layer in FP8: per-output-channel weight scales, per-token dynamic activation scales."""
 
@@ -59,7 +73,7 @@ class Fp8Linear(nn.Module):
             return self.linear(x)
         shape = x.shape
         rows = x.reshape(-1, shape[-1])  # (tokens, in)
-        quantized, scale = quantize_rowwise(rows)  # (tokens, in), (tokens, 1)
+        quantized, scale = quantize_activations(rows)  # (tokens, in), (tokens, 1)
         if self.emulate:  # the same rounding, a float matmul: CPU tests
             out = (quantized.float() * scale) @ (self.weight_fp8.float() * self.weight_scale.t()).t()
             out = out.to(x.dtype)

@@ -35,7 +35,7 @@ PY
   timeout 290 python3 bench/train_throughput.py $common --fused --out "$OUT/fp8_part1.jsonl" 2> "$OUT/p1b.err" | tail -12
 else
   VARIANT_TIMEOUT=175; common=${common/--timeout 280/--timeout 175}
-  python3 bench/train_throughput.py $common --fused --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2o.err" | tail -12
+  [ "${SKIP_BASE:-0}" = 1 ] || python3 bench/train_throughput.py $common --fused --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2o.err" | tail -12
   python3 bench/train_throughput.py $common --fp8 target --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2a.err" | tail -12
   python3 bench/train_throughput.py $common --fp8 both --out "$OUT/fp8_part2.jsonl" 2> "$OUT/p2b.err" | tail -12
 fi
