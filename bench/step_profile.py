@@ -52,7 +52,7 @@ def kernels_of(profiler) -> list[tuple[str, float]]:
 
 
 def render(rows: list[dict]) -> str:
-    lines = [f"| kernels | ms/step | share |", "| --- | --- | --- |"]
+    lines = ["| kernels | ms/step | share |", "| --- | --- | --- |"]
     lines += [f"| {r['group']} | {r['ms_per_step']} | {r['share']:.1%} |" for r in rows]
     lines.append(f"| total | {sum(r['ms_per_step'] for r in rows):.1f} | 100% |")
     return "\n".join(lines)
