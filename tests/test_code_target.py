@@ -91,7 +91,7 @@ def test_a_second_code_run_reuses_the_target_and_a_changed_one_is_refused(code_r
         tokenizer.write_bytes(original.replace(b'"<|mask|>"', b'"<|MASK|>"'))
         proc = subprocess.run([sys.executable, "-m", "trainer", "make-target", "--recipe", "code_tiny"],
                               capture_output=True, text=True, cwd=PROJECT, env=env)
-        assert proc.returncode == 1 and "changed since it was built (tokenizer.json)" in proc.stderr, proc.stderr
+        assert proc.returncode == 1 and "changed since it was built ('tokenizer.json')" in proc.stderr, proc.stderr
     finally:
         tokenizer.write_bytes(original)
 

@@ -347,7 +347,7 @@ def test_precomputed_row_features_are_the_states_a_step_computes(packing):
     rows = features.compute(setup)
     assert sorted(rows.states) == list(range(len(setup.train_data.rows)))
     for index in range(3):
-        batch = setup.train_data.batch(index, cfg.batch_size, cfg.seed)
+        batch = setup.train_data.batch(index, 0, 1, cfg.batch_size, cfg.seed)
         with torch.no_grad():
             online = target_states(setup, setup.target, batch)
-        torch.testing.assert_close(rows.batch(batch["row_ids"]), online, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rows.batch(batch["row_ids"], batch["input_ids"].shape[1]), online, rtol=1e-5, atol=1e-5)

@@ -24,10 +24,11 @@ class RowFeatures:
     def __init__(self, states: dict[int, torch.Tensor]):
         self.states = states
 
-    def batch(self, row_ids: torch.Tensor) -> torch.Tensor:
+    def batch(self, row_ids: torch.Tensor, length: int) -> torch.Tensor:
         """Row -1 (an empty row filling an epoch's last batch) has all-zero states: it has no tokens to attend."""
         any_state = next(iter(self.states.values()))
-        return torch.stack([self.states[int(i)] if int(i) >= 0 else torch.zeros_like(any_state) for i in row_ids])
+        empty = any_state.new_zeros(length, any_state.shape[-1])
+        return torch.stack([self.states[int(i)] if int(i) >= 0 else empty for i in row_ids])
 
 
 def worth_computing(setup: Setup) -> bool:

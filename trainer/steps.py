@@ -63,7 +63,8 @@ def step_inputs(setup: Setup, batch: dict, generator: torch.Generator, target_mo
                              generator, batch["doc_ids"])
     batch = {k: v.to(target_device, non_blocking=True) for k, v in batch.items()}
     anchors = anchors.to(target_device, non_blocking=True)
-    tapped = features.batch(batch["row_ids"]) if features is not None else target_states(setup, target_model, batch)
+    tapped = features.batch(batch["row_ids"], batch["input_ids"].shape[1]) if features is not None else \
+        target_states(setup, target_model, batch)
     if cfg.drafter.context == "zeros":  # the ablation: what the drafter learns without the target's features
         tapped = torch.zeros_like(tapped)
     block_ids, labels, weights = block_targets(batch["input_ids"], batch["loss_mask"], batch["lengths"], anchors,

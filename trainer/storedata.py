@@ -73,6 +73,10 @@ def _documents(store: TokenStore, cfg: TrainConfig, block_size: int) -> dict:
     if not heldout_rows.any():  # too few rows for the fraction: the row of smallest hash
         heldout_rows[int(np.argmin(row_hash))] = True
     heldout = heldout_rows[doc_row]
+    if not (trainable & heldout).any() and trainable.any():  # none evaluable: the trainable doc of smallest hash
+        candidates = np.flatnonzero(trainable)
+        heldout = np.zeros_like(heldout)
+        heldout[candidates[int(np.argmin(row_hash[doc_row[candidates]]))]] = True
     train = trainable & ~heldout
     return {"doc_row": doc_row[train], "doc_start": doc_start[train], "doc_len": doc_len[train],
             "eval_docs": np.stack([doc_row, doc_start, doc_len])[:, trainable & heldout],

@@ -53,7 +53,8 @@ def _metrics(run_dir: Path) -> tuple[dict, dict]:
 
 def started_here(record: dict) -> bool:
     """Whether the run was started on this machine since it booted (a pid means something only there)."""
-    return record.get("host") == socket.gethostname() and record.get("boot_id") in (None, boot_id())
+    # A record without a host or boot id (written before envkit recorded them) is taken as this machine's.
+    return record.get("host") in (None, socket.gethostname()) and record.get("boot_id") in (None, boot_id())
 
 
 def status_of(record: dict) -> str:
