@@ -8,8 +8,6 @@ format, the layer ids, the mask token and the block layout are right.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
