@@ -194,7 +194,7 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
     assert proc.returncode == 1 and f"{data}:2: malformed line" in proc.stderr and "--skip-bad" in proc.stderr
     proc = run_trainer("train", "--out", str(tmp_path / "o"), "--steps", "2", "--data", str(data), "--skip-bad")
     assert proc.returncode == 0, proc.stderr
-    assert "dropped 1 too short for one block" in proc.stdout and "skipped 1 malformed lines" in proc.stdout
+    assert "dropped 1 too short for one block" in proc.stdout and "1 malformed lines skipped" in proc.stdout
 
 
 def test_missing_paths_and_too_many_anchors(tmp_path):
