@@ -6,6 +6,7 @@ sibling `<env key>.lock` that serialises warmers (HAZARDS.md H5, H6).
 
 from __future__ import annotations
 
+import shlex
 import hashlib
 import json
 from pathlib import Path
@@ -68,5 +69,6 @@ def untrusted_message(cache_dir: Path, problems: dict[str, str]) -> str:
     named = "; ".join(f"{name}: {why}" for name, why in list(problems.items())[:3])
     more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
     return (f"compile cache {cache_dir} cannot be trusted: {named}{more}; if every file is yours, "
-            f"`chmod -R go-w {cache_dir}` and remove the links, else `rm -rf {cache_dir}` and run `envkit warm-cache`")
+            f"`chmod -R go-w {shlex.quote(str(cache_dir))}` and remove the links, else "
+            f"`rm -rf {shlex.quote(str(cache_dir))}` and run `envkit warm-cache`")
 

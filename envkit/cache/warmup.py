@@ -3,6 +3,7 @@ with the hazard self-tests run beside it."""
 
 from __future__ import annotations
 
+import shlex
 import json
 import subprocess
 import sys
@@ -82,7 +83,7 @@ def _check_trusted(cache_dir: Path) -> None:
     result = compare(cache_dir, fingerprint)
     if result.tampered:
         raise CacheError(f"{cache_dir} changed since it was fingerprinted ({tampered_names(result)}); it cannot be "
-                         f"trusted: remove it (`rm -rf {cache_dir}`) and run `envkit warm-cache` again")
+                         f"trusted: remove it (`rm -rf {shlex.quote(str(cache_dir))}`) and run `envkit warm-cache` again")
 
 
 def layout_args(trainer_args: tuple[str, ...] | list[str]) -> list[str]:
