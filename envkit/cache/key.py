@@ -6,9 +6,9 @@ sibling `<env key>.lock` that serialises warmers (HAZARDS.md H5, H6).
 
 from __future__ import annotations
 
-import shlex
 import hashlib
 import json
+import shlex
 from pathlib import Path
 
 from envkit import paths

@@ -3,8 +3,8 @@ with the hazard self-tests run beside it."""
 
 from __future__ import annotations
 
-import shlex
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -16,13 +16,24 @@ from pathlib import Path
 from filelock import FileLock
 
 from envkit import selftest
-from envkit.cache.fingerprint import (compare, fingerprints, read_fingerprint, tampered_names, write_fingerprint,
-                                      Verification)
+from envkit.cache.fingerprint import (
+    Verification,
+    compare,
+    fingerprints,
+    read_fingerprint,
+    tampered_names,
+    write_fingerprint,
+)
 from envkit.cache.key import compile_root, ensure_private_dir, env_key, key_parts
 from envkit.errors import CacheError
-from envkit.trainer_process import trainer_args, trainer_command, trainer_env, trainer_failure
-from envkit.trainer_source import trainer_digest
 from envkit.text import printable
+from envkit.trainer_process import (
+    trainer_args,
+    trainer_command,
+    trainer_env,
+    trainer_failure,
+)
+from envkit.trainer_source import trainer_digest
 from envkit.venv import Venv
 from trainer.children import die_with_parent
 
