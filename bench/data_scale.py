@@ -5,8 +5,9 @@ stores, then read by the trainer; beside today's path (every row parsed into Pyt
 
 Prints one JSON line per measurement and a table. Rows follow the chat length mix (log-normal, median 800,
 p90 2,500 tokens; token ids of the tiny target's 512-token vocabulary); conversations (3 turns) go through a
-Qwen-style chat template on the code target's tokenizer. Peak memory while preparing is the largest resident
-set of the preparing process and of its workers; RSS per rank is what each of two CPU ranks under torchrun
+Qwen-style chat template on the code target's tokenizer. Peak memory while preparing is the
+sum of the resident sets of the preparing process and its workers, sampled ten times a second (pages they
+share counted in each: an upper bound); RSS per rank is what each of two CPU ranks under torchrun
 reports in its summary after 3 steps.
 """
 
@@ -63,21 +64,41 @@ def write_conversations(path: Path, count: int, seed: int = 0) -> None:
             handle.write(json.dumps({"conversations": turns}) + "\n")
 
 
-def timed(cmd: list[str], env: dict) -> tuple[float, subprocess.CompletedProcess, int]:
-    """Wall seconds, the process, and the peak RSS (bytes) of it and its children (workers)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (workers included), from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = (int(fields[1]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, IndexError, ValueError):
+            continue
+    family = {pid}
+    for _ in range(8):  # depth: bench -> trainer -> forkserver -> workers
+        family |= {child for child, (parent, _rss) in parents.items() if parent in family}
+    return sum(parents[p][1] for p in family if p in parents)
+
+
+def timed(cmd: list[str], env: dict) -> tuple[float, str, int]:
+    """Wall seconds, stdout, and the peak resident bytes of the command's whole process tree (sampled 10x/s)."""
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT, env=env)
-    seconds = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return seconds, proc, max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) * 1024
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, cwd=PROJECT, env=env)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(proc.pid))
+            time.sleep(0.1)
+        seconds = time.perf_counter() - started
+        out.seek(0), err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{err.read()[-3000:]}")
+        return seconds, out.read(), peak
 
 
 def prepare(data: Path, env: dict, *extra: str) -> dict:
-    seconds, proc, peak = timed([sys.executable, "-m", "trainer", "prepare", "--data", str(data), "--json", *extra],
-                                env)
-    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"wall_s": round(seconds, 1), "peak_rss_bytes": peak}
+    seconds, stdout, peak = timed([sys.executable, "-m", "trainer", "prepare", "--data", str(data), "--json", *extra],
+                                  env)
+    return json.loads(stdout.strip().splitlines()[-1]) | {"wall_s": round(seconds, 1), "peak_rss_bytes": peak}
 
 
 def first_step(data: Path, env: dict, workdir: Path, name: str) -> float:
