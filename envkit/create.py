@@ -223,6 +223,9 @@ def create(profile_name: str | None = None, lock_path: str | None = None, venv_p
         raise VenvError(f"cannot create {target}: {why}; give --venv (or ENVKIT_HOME) a writable place") from None
     venv = Venv(target)
     phases = Phases(total=4, quiet=quiet)
+    if profile.left_out:
+        phases.say(f"note: {profile.path.name} names local packages no index serves, not installed: "
+                   f"{', '.join(profile.left_out)} (install them into the venv yourself, e.g. `uv pip install -e .`)")
 
     with lock, _sigterm_as_interrupt():
         _recover_interrupted(target)

@@ -98,6 +98,9 @@ def lock(profile_name: str | None, lock_path: str | None, *, find_links: tuple[s
          offline: bool = False, no_index: bool = False, check: bool = False) -> LockResult:
     """Re-resolve the profile; write it (or, with check, only report whether it is out of date)."""
     old = profiles.load(profile_name, lock_path)
+    if old.pep751:
+        raise ProfileError(f"{old.path} is a PEP 751 lock: the tool that wrote it re-locks it (e.g. `uv export "
+                           f"--format pylock.toml`); envkit installs from it as it is")
     links = wheelhouse.find_links(find_links)
     packages = compile_packages(old, links, offline=offline, no_index=no_index)
     changed = packages != old.packages

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -14,7 +15,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envkit import paths
+from envkit import paths, pylock
 from envkit.errors import ProfileError
 from envkit.safeio import UnsafeFile, read_bytes
 from envkit.text import printable
@@ -58,6 +59,8 @@ class Profile:
     generated_by: str
     packages: tuple[LockedPackage, ...] = field(default=())
     path: Path | None = None
+    pep751: bool = False  # read from a pylock.toml: another tool writes it, envkit only reads it
+    left_out: tuple[str, ...] = ()  # a pylock's local directory packages (the project itself): no index serves them
 
     @property
     def lock_digest(self) -> str:
@@ -121,6 +124,9 @@ def load_file(path: Path) -> Profile:
                            f"`git checkout {shlex.quote(str(path))}`") from None
     except UnsafeFile as exc:
         raise ProfileError(f"{printable(path)}: cannot read: {exc}") from None
+    if pylock.is_pylock(path, data):
+        translated, local = pylock.as_profile_data(data, path)
+        return dataclasses.replace(parse(translated, path), pep751=True, left_out=tuple(local))
     return parse(data, path)
 
 

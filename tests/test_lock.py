@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import run_envkit
 
@@ -72,6 +74,71 @@ def test_export_pylock(test_lock, wheelhouse, tmp_path):
     for package in locked.packages:  # the exported artifacts carry the locked hashes
         wheel_hashes = {"sha256:" + w["hashes"]["sha256"] for w in exported[package.name]["wheels"]}
         assert wheel_hashes <= set(package.hashes)
+
+
+def doctor_summary(venv: Path, *lock: str) -> dict:
+    report = json.loads(run_envkit("doctor", "--venv", str(venv), *lock, "--json").stdout)
+    return {"fail": report["summary"]["fail"], "warn": report["summary"]["warn"],
+            "problems": [f["id"] for f in report["findings"] if f["status"] != "ok"]}
+
+
+def test_pylock_round_trip_export_create_doctor_clean(test_lock, wheelhouse, tmp_path):
+    """`envkit lock --export pylock` -> `envkit create --lock pylock.toml` -> doctor finds nothing."""
+    pylock = tmp_path / "pylock.toml"
+    sources = ("--no-index", "--find-links", str(wheelhouse))
+    run_envkit("lock", "--lock", str(test_lock), *sources, "--export", "pylock", str(pylock), check=True)
+    venv = tmp_path / "from-pylock"
+    run_envkit("create", "--lock", str(pylock), "--venv", str(venv), *sources, check=True)
+    assert doctor_summary(venv) == {"fail": 0, "warn": 0, "problems": []}  # the recorded lock: the pylock file
+    assert doctor_summary(venv, "--lock", str(pylock))["problems"] == []
+    # The same set under envkit's own profile format is the same environment (one identity, two formats).
+    assert profiles.load_file(pylock).lock_digest == profiles.load_file(test_lock).lock_digest
+    relock = run_envkit("lock", "--lock", str(pylock), *sources)
+    assert relock.returncode == 1 and "PEP 751" in relock.stderr and pylock.read_text().startswith("#")
+
+
+def test_pylock_from_uv_export_of_a_project(wheelhouse, tmp_path):
+    """A small project locked and exported by uv itself; the project's own entry is named, not installed."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "proj"\nversion = "0.1.0"\nrequires-python = ">=3.9"\n'
+        'dependencies = ["ekt-alpha==1.0"]\n[build-system]\nrequires = ["hatchling"]\n'
+        'build-backend = "hatchling.build"\n')
+    uv_sources = ["--no-index", "--find-links", str(wheelhouse)]
+    for args in (["lock"], ["export", "--format", "pylock.toml", "-o", "pylock.toml"]):
+        done = subprocess.run(["uv", *args, *uv_sources, "--quiet"], cwd=project, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    venv = tmp_path / "venv"
+    created = run_envkit("create", "--lock", str(project / "pylock.toml"), "--venv", str(venv), "--no-index",
+                         "--find-links", str(wheelhouse), check=True)
+    assert "not installed: proj" in created.stdout + created.stderr
+    assert doctor_summary(venv) == {"fail": 0, "warn": 0, "problems": []}
+    assert {p.name for p in profiles.load_file(project / "pylock.toml").packages} == {"ekt-alpha", "ekt-beta"}
+
+
+def test_pylock_is_data_only_its_hashes_and_pins_count(test_lock, wheelhouse, tmp_path):
+    """No URL in the file is followed: a wheel whose hash the file does not list is refused, whatever it names;
+    VCS and unpinned packages are one-line refusals; nothing is left behind."""
+    pylock = tmp_path / "pylock.toml"
+    sources = ("--no-index", "--find-links", str(wheelhouse))
+    run_envkit("lock", "--lock", str(test_lock), *sources, "--export", "pylock", str(pylock), check=True)
+    text = pylock.read_text()
+    beta = profiles.load_file(test_lock).package("ekt-beta").hashes[0].removeprefix("sha256:")
+    swapped = tmp_path / "pylock.swapped.toml"
+    swapped.write_text(text.replace(beta, "0" * 64))
+    venv = tmp_path / "venv"
+    proc = run_envkit("create", "--lock", str(swapped), "--venv", str(venv), *sources)
+    assert proc.returncode == 1 and not venv.exists(), proc.stderr
+    vcs = tmp_path / "pylock.vcs.toml"
+    vcs.write_text('lock-version = "1.0"\n[[packages]]\nname = "x"\n'
+                   'vcs = { type = "git", url = "file:///tmp/x", commit-id = "0" }\n')
+    unpinned = tmp_path / "pylock.unpinned.toml"
+    unpinned.write_text('lock-version = "1.0"\n[[packages]]\nname = "x"\n')
+    for path, words in ((vcs, "VCS"), (unpinned, "no version")):
+        proc = run_envkit("create", "--lock", str(path), "--venv", str(venv))
+        assert proc.returncode == 1 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert not venv.exists()
 
 
 def test_shipped_profiles_are_locked_and_named_only():

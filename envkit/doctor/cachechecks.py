@@ -72,12 +72,14 @@ def check_fingerprint(ctx: Context) -> list[Finding]:
     # (an unrelated broken cache must not fail every venv's doctor; `envkit cache ls` shows it).
     mine = [(d, f) for d, f in fingerprints()
             if (f is None and _mentions(d / FINGERPRINT, str(venv.path))) or (f and f.get("venv") == str(venv.path))]
+    installed = installed_versions(venv.site_packages())
+    if not mine and "torch" not in installed:
+        return [Finding("cache.fingerprint", Status.OK, str(compile_root()), "torch is not installed: nothing compiles")]
     if not mine:
         return [Finding("cache.fingerprint", Status.WARN, str(compile_root()),
                         "no fingerprinted compile cache for this venv: the first steps of every bucket compile cold",
                         fix)]
     findings = []
-    installed = installed_versions(venv.site_packages())
     now = {"torch": installed.get("torch"), "triton": installed.get("triton"),
            "python": venv.python_version(), "trainer": trainer_digest()}
     for cache_dir, fingerprint in mine:
@@ -102,6 +104,11 @@ def check_fingerprint(ctx: Context) -> list[Finding]:
             continue
         growth = f", {len(result.added)} files added since (growth)" if result.added else ""
         findings.append(Finding("cache.fingerprint", Status.OK, str(cache_dir),
-                                f"preset {old.get('preset')}: {len(fingerprint['files'])} files match their "
+                                f"{_owner(old)}: {len(fingerprint['files'])} files match their "
                                 f"fingerprint{growth}"))
     return findings
+
+
+def _owner(key_parts: dict) -> str:
+    """Whose cache it is: the trainer's for a preset, or a command's (`envkit run`) for a code identity."""
+    return f"preset {key_parts.get('preset')}" if "preset" in key_parts else f"`envkit run` code {key_parts.get('code')}"
