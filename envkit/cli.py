@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,10 @@ def with_sources(func):
     for option in reversed(source_options):
         func = option(func)
     return func
+
+
+rdzv_port_option = click.option("--rdzv-port", type=click.IntRange(1, 65535), metavar="PORT",
+                                help="Under Slurm: the rendezvous port on the first node (default 29500).")
 
 
 def _check_profile_choice(profile_name, lock_path) -> None:
@@ -438,11 +443,12 @@ def cache_prune_command(dry_run, as_json):
 @click.option("--node-rank", type=click.IntRange(min=0), metavar="R", help="This node's rank (torchrun's --node-rank).")
 @click.option("--rdzv-endpoint", metavar="HOST:PORT", help="Where the nodes meet (c10d rendezvous; node 0's address).")
 @click.option("--rdzv-id", metavar="ID", help="Rendezvous id, the same on every node (default: the run name).")
+@rdzv_port_option
 @click.option("--max-restarts", type=click.IntRange(min=0), metavar="M",
               help="Restart the worker group up to M times when a worker dies; it resumes from rank 0's checkpoint.")
 @click.argument("trainer_args", nargs=-1, type=click.UNPROCESSED)
 def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, detach, no_warm, allow_warn,
-                  nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, max_restarts, trainer_args):
+                  nproc_per_node, nnodes, node_rank, rdzv_endpoint, rdzv_id, rdzv_port, max_restarts, trainer_args):
     """Preflight, then run the bundled DFlash trainer with a run directory and log.
 
     \b
@@ -457,12 +463,17 @@ def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, 
       envkit train --nproc-per-node 8                       one node, 8 GPUs
       envkit train --nnodes 2 --nproc-per-node 8 --node-rank R --rdzv-endpoint NODE0:29500
     Each node runs the same command; global rank 0 writes metrics, checkpoints and the summary.
+    Under Slurm (`srun --ntasks-per-node=1 envkit train ...`) the node options come from SLURM_*: the nodes,
+    this node's rank, the first host of the allocation as endpoint; each node's run dir is <name>-node<R>.
     """
+    from envkit.run import slurm
     from envkit.run.launch import TrainRequest, describe_summary, launch_args, start
 
     _check_preset_choice(preset, config_path)
-    launch = launch_args(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                         rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id or name, max_restarts=max_restarts)
+    placed = slurm.launch_options(os.environ, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                                  rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, rdzv_port=rdzv_port)
+    name = slurm.run_name(os.environ, name)
+    launch = launch_args(**(placed | {"rdzv_id": placed["rdzv_id"] or name}), max_restarts=max_restarts)
     request = TrainRequest(venv_path, profile_name, preset, config_path, name, runs_dir, detach, no_warm, allow_warn,
                            tuple(trainer_args), launch)
     record = start(request)
@@ -470,6 +481,57 @@ def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, 
         click.echo(describe_summary(record, Path(record["run_dir"])))
         sys.exit(0 if record["status"] == "finished" else (130 if record["status"] == "interrupted" else 1))
     click.echo(f"detached: {record['run_dir']}")
+
+
+@main.command("run", context_settings={"ignore_unknown_options": True})
+@venv_option
+@profile_option
+@click.option("--name", metavar="NAME", help="Run name (default: UTC time and the program's name).")
+@click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="Where run directories go (default: ./runs or $ENVKIT_RUNS_DIR).")
+@click.option("--detach", is_flag=True, help="Run in a tmux session (or a new session without tmux) and return.")
+@click.option("--allow-warn", is_flag=True, help="Start despite doctor warnings.")
+@click.option("--code", "code_dir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
+              help="Your training code (default: the working directory): its git commit and uncommitted changes "
+                   "key the compile cache.")
+@rdzv_port_option
+@click.option("--json", "as_json", is_flag=True, help="Print the final run.json.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_command(venv_path, profile_name, name, runs_dir, detach, allow_warn, code_dir, rdzv_port, as_json, command):
+    """Run any training command with envkit's guarantees, e.g. `envkit run -- python train.py --lr 3e-4`.
+
+    \b
+    1. create the profile's venv if it does not exist; doctor: any fail stops it (warnings too, unless
+       --allow-warn; hazard warnings are settled by the trainer's self-tests)
+    2. a private compile cache (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) keyed by the venv and your code;
+       verified before the run, fingerprinted after a run that exits 0
+    3. COMMAND with the venv's bin first on PATH, in runs/<name>/ with run.json and train.log; Ctrl-C and
+       SIGTERM are passed on; the exit code is COMMAND's
+    Under Slurm the command is told its place: MASTER_ADDR, MASTER_PORT, ENVKIT_NNODES, ENVKIT_NODE_RANK and
+    ENVKIT_RDZV_ENDPOINT (e.g. for `torchrun --nnodes $ENVKIT_NNODES --rdzv-endpoint $ENVKIT_RDZV_ENDPOINT`).
+    """
+    from envkit.run import slurm
+    from envkit.run.command import CommandRequest, describe_command_run, start_command
+
+    placed = slurm.launch_options(os.environ, rdzv_port=rdzv_port)
+    told = {}
+    if placed["nnodes"]:
+        endpoint = placed["rdzv_endpoint"] or f"127.0.0.1:{rdzv_port or slurm.DEFAULT_RDZV_PORT}"
+        host, _, port = endpoint.rpartition(":")
+        told = {"MASTER_ADDR": host.strip("[]"), "MASTER_PORT": port, "ENVKIT_NNODES": str(placed["nnodes"]),
+                "ENVKIT_NODE_RANK": str(placed["node_rank"]), "ENVKIT_RDZV_ENDPOINT": endpoint,
+                "ENVKIT_RDZV_ID": placed["rdzv_id"]}
+    request = CommandRequest(tuple(command), venv_path, profile_name, slurm.run_name(os.environ, name), runs_dir,
+                             detach, allow_warn, code_dir, told)
+    record = start_command(request, quiet=as_json)
+    if as_json:
+        _print_json(record)
+    elif not detach:
+        click.echo(describe_command_run(record), err=True)
+    if detach:
+        return click.echo(f"detached: {record['run_dir']}") if not as_json else None
+    code = record.get("exit_code")
+    sys.exit(code if isinstance(code, int) and 0 <= code < 256 else 128 - code if isinstance(code, int) else 1)
 
 
 @main.command("supervise", hidden=True)
@@ -493,7 +555,7 @@ def runs_command(runs_dir, as_json):
     if as_json:
         return _print_json(rows)
     def fmt(value, spec):
-        return format(value, spec) if value is not None else "-"
+        return format(value, spec) if value is not None else format("-", spec.split(".")[0].rstrip("d"))
     click.echo(f"{'name':32} {'status':12} {'step':>6} {'loss':>8} {'Ktok/s':>7} {'tau':>5} {'hits':>5}")
     for row in rows:
         ktoks = row["tokens_per_s"] / 1000 if row["tokens_per_s"] is not None else None

@@ -90,10 +90,13 @@ def check_fingerprint(ctx: Context) -> list[Finding]:
             continue
         result = compare(cache_dir, fingerprint)
         if result.tampered:
+            # A command's cache (`envkit run`) is rebuilt by its next run; the trainer's by warm-cache.
+            remove = f"rm -rf {shlex.quote(str(cache_dir))}"
             findings.append(Finding("cache.fingerprint", Status.FAIL, str(cache_dir),
                                     f"{len(result.changed)} changed, {len(result.removed)} removed and "
                                     f"{len(result.untrusted)} unverifiable entries since fingerprinted ({tampered_names(result)}): "
-                                    f"corruption or tampering", f"rm -rf {shlex.quote(str(cache_dir))} && {fix}"))
+                                    f"corruption or tampering",
+                                    remove if _is_command_cache(fingerprint) else f"{remove} && {fix}"))
             continue
         old = fingerprint.get("key_parts", {})
         stale = {k: (old.get(k), v) for k, v in now.items() if k in old and old.get(k) != v}
@@ -107,6 +110,11 @@ def check_fingerprint(ctx: Context) -> list[Finding]:
                                 f"{_owner(old)}: {len(fingerprint['files'])} files match their "
                                 f"fingerprint{growth}"))
     return findings
+
+
+def _is_command_cache(fingerprint: dict) -> bool:
+    parts = fingerprint.get("key_parts")
+    return isinstance(parts, dict) and parts.get("kind") == "command"
 
 
 def _owner(key_parts: dict) -> str:

@@ -1,0 +1,143 @@
+"""The supervisor of a run, in the foreground or detached (tmux, or a new session without tmux): it starts the
+recorded command, tees its output into train.log, forwards Ctrl-C, SIGTERM and SIGHUP, and records the end."""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envkit.cache.fingerprint import write_fingerprint
+from envkit.errors import RunError
+from envkit.progress import Phases
+from envkit.run.rundir import LOG, NODE_JSON, now, read_node, read_run, read_summary, update_run
+from envkit.text import printable
+from envkit.trainer_process import trainer_env
+from envkit.venv import Venv
+from trainer.children import die_with_parent
+
+EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "interrupted", -15: "interrupted"}
+
+
+def command_env(venv: Venv, cache_dir: Path, extra: dict[str, str]) -> dict[str, str]:
+    """What `envkit run` gives a command: the venv activated (its bin first on PATH), the private cache dirs."""
+    env = dict(os.environ)
+    env.pop("PYTHONHOME", None)
+    env["VIRTUAL_ENV"] = str(venv.path)
+    env["PATH"] = os.pathsep.join([str(venv.path / "bin"), env.get("PATH", os.defpath)])
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+    env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
+    return env | extra
+
+
+def tmux_session_name(run_name: str) -> str:
+    """tmux turns '.' and ':' into '_' in session names; a name that survives as given can be used to stop it."""
+    base = "envkit-" + re.sub(r"[^A-Za-z0-9_-]", "_", run_name)
+    name, suffix = base, 1
+    while subprocess.run(["tmux", "has-session", "-t", f"={name}"], capture_output=True).returncode == 0:
+        suffix += 1
+        name = f"{base}-{suffix}"
+    return name
+
+
+def detach(run_dir: Path, phases: Phases, label: str) -> dict:
+    """Start the supervisor in tmux (or a new session); it records its own pid and status in run.json."""
+    supervisor = [sys.executable, "-m", "envkit", "supervise", str(run_dir)]
+    follow = f"envkit logs {run_dir.name} -f"
+    if shutil.which("tmux"):
+        session = tmux_session_name(run_dir.name)
+        # Written before the start, so that run.json has a single writer once the supervisor runs.
+        update_run(run_dir, tmux_session=session)
+        started = subprocess.run(["tmux", "new-session", "-d", "-s", session, shlex.join(supervisor)],
+                                 capture_output=True, text=True)
+        if started.returncode != 0:
+            raise RunError(f"tmux could not start session {session}: {started.stderr.strip()}; run without --detach "
+                           f"or fix tmux")
+        where, follow, stop = f"tmux session {session}", f"tmux attach -t {session}  or  {follow}", \
+            f"tmux send-keys -t {session} C-c"
+    else:
+        with open(os.devnull, "rb") as stdin, open(os.devnull, "wb") as devnull:
+            proc = subprocess.Popen(supervisor, stdin=stdin, stdout=devnull, stderr=devnull, start_new_session=True)
+        where, stop = f"a new session (pid {proc.pid}; tmux is not installed)", f"kill -TERM {proc.pid}"
+    _wait_until_supervised(run_dir)
+    phases.say(f"{label}: detached in {where}\n  follow: {follow}\n  stop:   {stop}")
+    return read_run(run_dir) | {"run_dir": str(run_dir)}
+
+
+def _wait_until_supervised(run_dir: Path, timeout: float = 30.0) -> None:
+    """Return once the supervisor has taken the run over, so `starting` never outlives this process unnoticed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if read_run(run_dir).get("status") != "starting":
+            return
+        time.sleep(0.1)
+    raise RunError(f"the detached supervisor did not start within {timeout:.0f}s; see {run_dir / LOG}")
+
+
+def supervise(run_dir: Path, *, echo: bool) -> dict:
+    """Run the recorded command, tee its output to train.log, forward signals, record the end."""
+    record = read_run(run_dir)
+    venv = Venv(Path(record["venv"]))
+    command_run = record.get("kind") == "command"
+    env = (command_env(venv, Path(record["cache_dir"]), record.get("env") or {}) if command_run
+           else trainer_env(venv, Path(record["cache_dir"])))
+    with (run_dir / LOG).open("ab") as log:
+        # A session of its own: signals reach it only through us, once. It dies with us (SIGTERM, so it
+        # checkpoints) rather than run on unsupervised.
+        proc = subprocess.Popen(record["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                cwd=record.get("cwd"), start_new_session=True, preexec_fn=die_with_parent)
+        update_run(run_dir, status="running", pid=proc.pid, supervisor_pid=os.getpid())
+
+        def forward(signum, frame):
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        # The log keeps the bytes; the terminal gets them escaped (a file name the trainer echoes may hold ESC).
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            for chunk in iter(lambda: proc.stdout.read1(65536), b""):
+                log.write(chunk)
+                log.flush()
+                if echo:
+                    sys.stdout.write(printable(decoder.decode(chunk), keep_newlines=True))
+                    sys.stdout.flush()
+            code = proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    status = EXIT_STATUS.get(code, "failed")
+    fields = {"node": read_node(run_dir)} if (run_dir / NODE_JSON).exists() else {}
+    if status == "failed":
+        what = "the command" if command_run else "the trainer"
+        fields["error"] = worker_failure(run_dir / LOG) or f"{what} exited {code}; see {run_dir / LOG}"
+    if command_run and status == "finished":
+        # What the command compiled is vouched for from here on: a later run verifies it before starting.
+        fields["cache_fingerprint"] = write_fingerprint(Path(record["cache_dir"]), record["key_parts"], [], {},
+                                                        venv)["digest"]
+    return update_run(run_dir, status=status, exit_code=code, ended_at=now(), summary=read_summary(run_dir), **fields)
+
+
+def worker_failure(log: Path) -> str | None:
+    """torchrun's account of the first worker that failed ('Root Cause' in its report): rank, host, exit."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - (256 << 10)))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    block = text.rpartition("Root Cause (first observed failure):")[2]
+    fields = dict(re.findall(r"^\s*(rank|host|exitcode)\s*:\s*(.+?)\s*$", block, re.M))
+    if not block or "rank" not in fields:
+        return None
+    return printable(f"worker rank {fields['rank']} on host {fields.get('host', '?')} failed: exit code "
+                     f"{fields.get('exitcode', '?')}; the run stopped (torchrun --max-restarts lets it survive)")
+
+
