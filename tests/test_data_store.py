@@ -248,3 +248,27 @@ def test_plain_text_and_conversations_through_the_store(tmp_path, home):
     prepared = store.prepare(chats, tokenizer_dir=str(tokenizer_dir), vocab_size=len(tokenizer), log=lambda m: None)
     row = store.open_store(Path(prepared.store)).row(0)
     assert 0 < int(row.loss_mask.sum()) < len(row.loss_mask)  # the assistant's tokens only
+
+
+def test_a_source_digest_is_remembered_only_while_the_file_is_unchanged(tmp_path, home):
+    """Start-up does not re-hash an unchanged data file, and nothing fools it into skipping a changed one."""
+    from trainer.source_digest import source_sha256
+    from trainer.files import file_sha256
+
+    data, memo = tmp_path / "rows.jsonl", tmp_path / "memo"
+    data.write_text('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n')
+    first = source_sha256(data, memo)
+    [record] = list(memo.iterdir())
+    assert first == file_sha256(data) and oct(record.stat().st_mode & 0o777) == "0o600"
+    # A memo that claims another digest is used while the file is unchanged (it is envkit's own, private)...
+    forged = json.loads(record.read_text()) | {"sha256": "f" * 64}
+    record.write_text(json.dumps(forged))
+    assert source_sha256(data, memo) == "f" * 64
+    # ...but not once others could have written it,
+    record.chmod(0o666)
+    assert source_sha256(data, memo) == first
+    # and an edit that restores the size and mtime changes ctime: re-hashed.
+    before = data.stat()
+    data.write_text('{"input_ids": [1, 2, 4], "loss_mask": [0, 1, 1]}\n')
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert source_sha256(data, memo) == file_sha256(data) != first

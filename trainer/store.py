@@ -41,6 +41,7 @@ import numpy as np
 from trainer.errors import TrainerInputError
 from trainer.files import atomic_write, envkit_home, file_sha256, open_lock_file, permission_problem, read_json_record
 from trainer.rows import Sequence, parse_line, text_tokens
+from trainer.source_digest import source_sha256
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -73,7 +74,8 @@ def _tokenizer_files(tokenizer_dir: str | None) -> dict[str, str]:
 
 def _source(path: Path) -> dict:
     info = path.stat()
-    return {"path": str(path.absolute()), "name": path.name, "size": info.st_size, "sha256": file_sha256(path)}
+    return {"path": str(path.absolute()), "name": path.name, "size": info.st_size,
+            "sha256": source_sha256(path, data_root() / ".sources")}
 
 
 def store_key(source: dict, tokenizer_files: dict, template_kwargs: dict | None, vocab_size: int | None) -> str:
