@@ -59,6 +59,8 @@ def run_variant(args) -> dict:
         cfg.fp8 = args.fp8
     if args.fused is not None:
         cfg.fused_optimizer = args.fused
+    if args.compile_target is not None:
+        cfg.compile_target = args.compile_target
     out = Path(tempfile.mkdtemp(prefix="envkit-bench-tp-"))
     started = time.perf_counter()
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
@@ -136,7 +138,7 @@ def run_variant(args) -> dict:
         "eager_fallbacks": rows[-1]["eager_fallbacks"], "recompiles": rows[-1]["recompiles"],
         "setup_s": round(setup_s, 1), "warmup_s": round(warmup_s, 1),
         "flops_per_sequence_tflop": round(sequence_flops(cfg, cfg.data.buckets[-1])["total"] / 1e12, 1),
-        "fp8": cfg.fp8, "fused_optimizer": cfg.fused_optimizer, "loss_last": round(statistics.mean(
+        "fp8": cfg.fp8, "fused_optimizer": cfg.fused_optimizer, "compile_target": cfg.compile_target, "loss_last": round(statistics.mean(
             r["loss"] for r in rows[-3:]), 5), "losses": [r["loss"] for r in rows], "profile": profile,
     }
 
@@ -176,6 +178,8 @@ def main() -> None:
     parser.add_argument("--fp8", choices=["off", "target", "drafter", "both"])
     parser.add_argument("--fused", action=argparse.BooleanOptionalAction, default=None,
                         help="AdamW's fused kernel (default: on CUDA)")
+    parser.add_argument("--compile-target", action=argparse.BooleanOptionalAction, default=None,
+                        help="the frozen target's layers compiled (default: on CUDA with compile)")
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="profile the last N steps and group the kernels (bench/step_profile.py)")
     parser.add_argument("--timeout", type=int, default=900)

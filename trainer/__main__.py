@@ -33,7 +33,8 @@ def _config(args) -> TrainConfig:
                  "attention": args.attention, "seed": args.seed, "compile": args.compile, "data.path": args.data,
                  "target.path": args.target, "data.tokenizer": args.tokenizer,
                  "data.skip_bad": True if args.skip_bad else None, "data.packing": args.packing,
-                 "data.chat_template_kwargs": _template_kwargs(args.chat_template_kwargs), "fp8": args.fp8}
+                 "data.chat_template_kwargs": _template_kwargs(args.chat_template_kwargs), "fp8": args.fp8,
+                 "compile_target": args.compile_target}
     cfg = resolve(args.preset, file_values, {k: v for k, v in overrides.items() if v is not None})
     if args.steps is not None:
         cfg.epochs = None  # an explicit step count wins over epochs from any source
@@ -422,6 +423,9 @@ def main(argv=None) -> int:
         p.add_argument("--fp8", choices=["off", "target", "drafter", "both"],
                        help="FP8 linears on Hopper: the frozen target's, the drafter's (torchao), or both; refused "
                             "where the device has no FP8 matmuls")
+        p.add_argument("--compile-target", action=argparse.BooleanOptionalAction, default=None,
+                       help="compile the frozen target's layers for training's forwards (default: with --compile "
+                            "on CUDA)")
         p.add_argument("--nproc-per-node", type=int, metavar="K",
                        help="K processes on this node, data parallel (one GPU each on CUDA, each seeing only its own "
                             "GPU), started by torchrun (torch.distributed.run)")

@@ -99,6 +99,9 @@ class TrainConfig:
     fp8: str = "off"
     # AdamW's fused CUDA kernel (one launch for every parameter); None: fused on CUDA, the foreach path elsewhere.
     fused_optimizer: bool | None = None
+    # The frozen target's decoder layers compiled (one graph per bucket shape, shared by every layer) for the
+    # tapped forwards of training; None: on where `compile` is on and the target is on CUDA.
+    compile_target: bool | None = None
     log_every: int = 10
     eval_every: int = 100
     # The decoding walk at the end of a run (and `eval --walk`): held-out prompts, new tokens per prompt.
@@ -147,7 +150,7 @@ class TrainConfig:
                 "buckets": self.data.buckets, "batch_size": self.batch_size, "num_anchors": self.num_anchors,
                 "packing": self.data.packing,
                 "dtype": self.dtype, "attention": self.attention, "compile": self.compile,
-                "lm_head_chunk": self.lm_head_chunk, "fp8": self.fp8}
+                "lm_head_chunk": self.lm_head_chunk, "fp8": self.fp8, "compile_target": self.compile_target}
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -19,7 +19,7 @@ from trainer.model import BACKENDS, build_drafter
 from trainer.replica import Replica
 from trainer.errors import TrainerInputError
 from trainer.storedata import store_datasets
-from trainer.target import build_target, sync_config_from_model, target_dir
+from trainer.target import build_target, compile_layers, sync_config_from_model, target_dir
 
 
 @dataclass
@@ -99,6 +99,9 @@ def build(cfg: TrainConfig, *, drafters: list[str | None], targets: list[str | N
     if cfg.fp8 in ("target", "both"):  # after the data: generated data comes from the bf16 target
         converted = sum(fp8.convert_target(model) for model in [target] + others)
         log(f"fp8: {converted} target linears in FP8 (per-channel weight, per-token activation scales)")
+    if cfg.compile_target if cfg.compile_target is not None else (cfg.compile and target_devices[0].type == "cuda"):
+        compiled = sum(compile_layers(model) for model in [target] + others)
+        log(f"compile_target: {compiled} target layers compiled (one graph per bucket shape, shared by every layer)")
     tokenizer_path = str(Path(tokenizer_source(cfg)).absolute()) if tokenizer is not None else None
     return Setup(cfg, dtype, backend, [target] + others, replicas, layer_ids, mask_token_id, tokenizer_path,
                  train_data, eval_data)

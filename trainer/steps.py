@@ -10,7 +10,7 @@ import torch
 from trainer.loss import block_targets, sample_anchors
 from trainer.replica import Replica
 from trainer.setup import Setup, device_of
-from trainer.target import tapped_states
+from trainer.target import compiled_target, tapped_states
 
 
 @dataclass
@@ -45,7 +45,13 @@ def batch_slot(replica: int, replicas: int, rank: int = 0) -> int:
 
 
 def target_states(setup: Setup, target_model, batch: dict) -> torch.Tensor:
-    """The target's tapped states of a batch already on the target's device."""
+    """The target's tapped states of a batch already on the target's device (its compiled layers where
+    `compile_target` gave it some: trainer/target.py)."""
+    with compiled_target():
+        return _target_states(setup, target_model, batch)
+
+
+def _target_states(setup: Setup, target_model, batch: dict) -> torch.Tensor:
     if setup.cfg.data.packing:  # documents attend within themselves, positions restarting (block-diagonal causal)
         # On CUDA through flex over a document BlockMask: the blocks between documents are skipped.
         doc_ids = batch["doc_ids"] if device_of(target_model).type == "cuda" else None

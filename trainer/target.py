@@ -169,6 +169,42 @@ def recorded_taps(model: nn.Module, layer_ids: list[int]):
         _recording.box = None
 
 
+# The frozen target compiled by region: each decoder layer's forward through one torch.compile'd function, so
+# one graph (per shape) serves every layer (same code, same shapes; the weights are inputs) and its RMSNorm,
+# rotary, SiLU and casts fuse. Only training's tapped forwards take it (fixed bucket shapes): the decoding
+# walk grows its sequence every step and stays eager, so compiled graphs never see a new shape there.
+_compiled_region = threading.local()
+
+
+def compile_layers(model: nn.Module) -> int:
+    """Give each decoder layer a compiled forward used inside `compiled_target()`; returns layers compiled."""
+    count = 0
+    for layer in model.model.layers:
+        if "_envkit_eager_forward" in layer.__dict__:
+            continue
+        eager = layer.forward
+        compiled = torch.compile(eager, dynamic=False)
+
+        def forward(*args, _eager=eager, _compiled=compiled, **kwargs):
+            return (_compiled if getattr(_compiled_region, "on", False) else _eager)(*args, **kwargs)
+
+        layer.__dict__["_envkit_eager_forward"] = eager
+        layer.forward = forward
+        count += 1
+    return count
+
+
+@contextlib.contextmanager
+def compiled_target():
+    """Within (this thread): layers given a compiled forward by `compile_layers` run it."""
+    before = getattr(_compiled_region, "on", False)
+    _compiled_region.on = True
+    try:
+        yield
+    finally:
+        _compiled_region.on = before
+
+
 @torch.no_grad()
 def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                   layer_ids: list[int], position_ids: torch.Tensor | None = None,
