@@ -16,6 +16,7 @@ import random
 import resource
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.records import EvalRow, StepRow, Summary, WalkRow
 from trainer.setup import Setup, build
 from trainer.steps import step_inputs
-from trainer.target import weights_checksum
+from trainer.target import eager_target, weights_checksum
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -289,10 +290,18 @@ class Trainer:
 
     @torch.no_grad()
     def _evaluate(self) -> EvalRow:
+        self.setup.replica.drafter.eval()
+        generator = torch.Generator().manual_seed(12_345)  # the same positions at every eval
+        # Teacher-forced against the bf16 target, as serving verifies, whatever the target trains with (its
+        # compiled layers were made for the FP8 path: the switched target runs eager).
+        eager = eager_target() if self.cfg.fp8 in ("target", "both") else nullcontext()
+        with fp8.bf16_target(self.setup.target), eager:
+            scores = self._score_eval_blocks(generator)
+        return EvalRow(step=self.step_count, eval=True, **evaluate.summarise(scores))
+
+    def _score_eval_blocks(self, generator: torch.Generator) -> dict:
         cfg, setup = self.cfg, self.setup
         replica = setup.replica
-        replica.drafter.eval()
-        generator = torch.Generator().manual_seed(12_345)  # the same positions at every eval
         scores = {"drafter": [], "repeat": [], "copy": []}
         for bucket, members in sorted(setup.eval_data.by_bucket.items()):
             for start in range(0, len(members), cfg.batch_size):
@@ -305,7 +314,7 @@ class Trainer:
                 for name, values in evaluate.score_blocks(draft, batch["input_ids"], batch["lengths"], anchors.cpu(),
                                                           cfg.drafter.block_size).items():
                     scores[name] += values
-        return EvalRow(step=self.step_count, eval=True, **evaluate.summarise(scores))
+        return scores
 
     def walk_prompts(self) -> list[list[int]]:
         """Held-out prompts: each sequence up to its first supervised token (the part the target continues)."""

@@ -186,7 +186,8 @@ def compile_layers(model: nn.Module) -> int:
         compiled = torch.compile(eager, dynamic=False)
 
         def forward(*args, _eager=eager, _compiled=compiled, **kwargs):
-            return (_compiled if getattr(_compiled_region, "on", False) else _eager)(*args, **kwargs)
+            wanted = getattr(_compiled_region, "on", False) and not getattr(_compiled_region, "eager", False)
+            return (_compiled if wanted else _eager)(*args, **kwargs)
 
         layer.__dict__["_envkit_eager_forward"] = eager
         layer.forward = forward
@@ -203,6 +204,18 @@ def compiled_target():
         yield
     finally:
         _compiled_region.on = before
+
+
+@contextlib.contextmanager
+def eager_target():
+    """Within (this thread): the eager layers even inside `compiled_target()`, e.g. for an evaluation against
+    the target switched to bf16 (trainer/fp8.py), whose code path the compiled graphs were not made for."""
+    before = getattr(_compiled_region, "eager", False)
+    _compiled_region.eager = True
+    try:
+        yield
+    finally:
+        _compiled_region.eager = before
 
 
 @torch.no_grad()
