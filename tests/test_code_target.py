@@ -199,7 +199,7 @@ def test_the_walk_reads_the_layer_it_names_after_the_truncated_target_ran():
     torch = pytest.importorskip("torch")
     from trainer.config import tiny
     from trainer.target import build_target, tapped_states
-    from trainer.walk import target_pass
+    from trainer.walk import CachedTarget
 
     cfg = tiny()
     tokens = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -208,7 +208,10 @@ def test_the_walk_reads_the_layer_it_names_after_the_truncated_target_ran():
     for layers in ([2], [1], [0, 3], [3]):
         want = torch.cat([fresh[i + 1] for i in layers], dim=-1)
         assert torch.allclose(tapped_states(model, tokens, None, layers), want, atol=1e-5)  # the view first
-        assert torch.allclose(target_pass(model, tokens[0].tolist(), layers).context, want, atol=1e-5)
+        assert torch.allclose(CachedTarget(model, layers).feed(tokens[0].tolist()).context, want, atol=1e-5)
+        decoder = CachedTarget(model, layers)  # the walk's way: a prefix, then the rest through the KV cache
+        parts = [decoder.feed(tokens[0, :9].tolist()).context, decoder.feed(tokens[0, 9:].tolist()).context]
+        assert torch.allclose(torch.cat(parts, dim=1), want, atol=1e-4)
 
 
 def test_text_data_and_corpus_prompts(tmp_path):

@@ -277,7 +277,10 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
                             generator=generator)
     sequences = []
     # Sequences decoded together: fewer, larger forward calls (a GPU holds a larger batch's KV cache).
-    chunk = 1024 if torch.device(device).type == "cuda" else 256
+    device = torch.device(device)
+    chunk = 1024 if device.type == "cuda" else 256
+    # Decoding stays on the device: no step copies its logits to the host (on CUDA, a generator of its own).
+    sampler = generator if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
     for start in range(0, count, chunk):
         n = min(chunk, count - start)
         if prompts is None:
@@ -285,11 +288,11 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
             tokens[tokens == mask_token_id] = 0
         else:
             tokens = torch.tensor(prompts[start:start + n], dtype=torch.long)
+        tokens = tokens.to(device)
         cache = DynamicCache()
         step_input = tokens
         for _ in range(max_len - cfg.prompt_len):
-            logits = target(input_ids=step_input.to(device), past_key_values=cache, use_cache=True).logits[:, -1]
-            logits = logits.float().cpu()
+            logits = target(input_ids=step_input, past_key_values=cache, use_cache=True).logits[:, -1].float()
             logits[:, mask_token_id] = float("-inf")
             if cfg.greedy:
                 nxt = logits.argmax(-1, keepdim=True)
@@ -297,9 +300,10 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
                 logits *= cfg.sample_temperature
                 if cfg.ban_recent:
                     logits.scatter_(1, tokens[:, -cfg.ban_recent:], float("-inf"))
-                nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+                nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=sampler)
             tokens = torch.cat([tokens, nxt], dim=1)
             step_input = nxt
+        tokens = tokens.cpu()
         for row in range(n):
             length = int(lengths[start + row])
             ids = tokens[row, :length].tolist()

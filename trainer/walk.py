@@ -38,26 +38,48 @@ class LosslessError(RuntimeError):
 
 @dataclass
 class TargetPass:
-    logits: torch.Tensor  # (T, V) float
+    logits: torch.Tensor  # (T, V) float, on the target's device
     context: torch.Tensor  # (1, T, taps*H): tapped states, the drafter's context features
 
 
-def target_pass(target, tokens: list[int], layer_ids: list[int]) -> TargetPass:
-    device = next(target.parameters()).device
-    with recorded_taps(target, layer_ids) as states:
-        out = target(input_ids=torch.tensor([tokens], device=device), use_cache=False)
-        return TargetPass(out.logits[0].float(), states())
+class CachedTarget:
+    """The target decoding one sequence with its KV cache, as a serving engine verifies: each forward feeds
+    only the positions not yet cached, and a rejected draft's positions are cropped from the cache."""
+
+    def __init__(self, target, layer_ids: list[int]):
+        from transformers import DynamicCache  # the trainer's only use of transformers' cache classes
+
+        self.target, self.layer_ids = target, layer_ids
+        self.device = next(target.parameters()).device
+        self.cache = DynamicCache()
+        self.cached = 0  # positions in the cache
+
+    def feed(self, tokens: list[int] | torch.Tensor) -> TargetPass:
+        """Logits and tapped states of `tokens` (a list, or a (1, T) tensor already on the device), appended
+        after the cached positions."""
+        ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor([tokens], device=self.device)
+        with recorded_taps(self.target, self.layer_ids) as states:
+            out = self.target(input_ids=ids, past_key_values=self.cache, use_cache=True)
+            self.cached += ids.shape[1]
+            return TargetPass(out.logits[0].float(), states() if self.layer_ids else None)
+
+    def keep(self, positions: int) -> None:
+        """Forget every cached position from `positions` on (a rejected draft's)."""
+        if positions < self.cached:
+            self.cache.crop(positions)
+            self.cached = positions
 
 
 def greedy_continuation(target, prompt: list[int], new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
-    """The target's own greedy decoding (full forwards, no cache) and the logits behind each choice."""
-    device = next(target.parameters()).device
-    tokens, logits = list(prompt), []
-    for _ in range(new_tokens):
-        row = target(input_ids=torch.tensor([tokens], device=device), use_cache=False).logits[0, -1].float()
-        logits.append(row)
-        tokens.append(int(row.argmax()))
-    return tokens[len(prompt):], logits
+    """The target's own greedy decoding (KV cache, one position a forward, tokens kept on the device) and
+    the logits behind each choice."""
+    decoder = CachedTarget(target, [])
+    logits = [decoder.feed(prompt).logits[-1]]
+    chosen = [logits[-1].argmax()]
+    for _ in range(new_tokens - 1):
+        logits.append(decoder.feed(chosen[-1].view(1, 1)).logits[-1])
+        chosen.append(logits[-1].argmax())
+    return torch.stack(chosen).tolist(), logits
 
 
 def repeat_proposer(block_size: int):
@@ -108,17 +130,18 @@ class Forward:
 @torch.no_grad()
 def walk(target, propose, prompt: list[int], new_tokens: int, block_size: int,
          layer_ids: list[int], trace: list[Forward] | None = None) -> tuple[list[int], list[int]]:
-    """One prompt's walk: -> (accepted + 1) per target forward, each forward appended to `trace` when given."""
-    first = target_pass(target, prompt, layer_ids)
+    """One prompt's walk: -> (accepted + 1) per target forward, each forward appended to `trace` when given.
+    The target keeps a KV cache: a verification forward feeds the anchor and the draft only."""
+    decoder = CachedTarget(target, layer_ids)
+    first = decoder.feed(prompt)
     tokens = list(prompt) + [int(first.logits[-1].argmax())]
-    context = first.context
+    context = first.context  # the tapped states of every position before the anchor (the last token, not yet fed)
     per_forward = []
     while len(tokens) - len(prompt) < new_tokens:
         draft = propose(tokens, context)
         anchor = len(tokens) - 1
-        verify_ids = tokens + [max(t, 0) for t in draft]  # an unknown slot (-1) never matches; any id will do
-        verified = target_pass(target, verify_ids, layer_ids)
-        posterior = verified.logits[anchor:].argmax(-1).tolist()  # (bs,) the target's choice after each slot
+        verified = decoder.feed([tokens[-1]] + [max(t, 0) for t in draft])  # an unknown slot (-1) never matches
+        posterior = verified.logits.argmax(-1).tolist()  # (bs,) the target's choice after each slot
         accepted = 0
         while accepted < len(draft) and draft[accepted] == posterior[accepted]:
             accepted += 1
@@ -128,8 +151,10 @@ def walk(target, propose, prompt: list[int], new_tokens: int, block_size: int,
         per_forward.append(produced)
         if trace is not None:
             trace.append(Forward(draft, accepted, posterior[accepted]))
-        # Causal: the states of the positions kept are exact; the rest is recomputed next step.
-        context = verified.context[:, : len(tokens) - 1]
+        # Causal: the anchor's and the accepted slots' states and cache entries are exact; the rest is dropped.
+        kept = len(tokens) - 1 - anchor
+        context = torch.cat([context, verified.context[:, :kept]], dim=1)
+        decoder.keep(anchor + kept)
     return tokens[len(prompt):len(prompt) + new_tokens], per_forward
 
 
