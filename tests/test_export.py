@@ -72,6 +72,8 @@ def test_export_matches_the_reference_bit_for_bit_and_forward(tmp_path):
     assert config["dflash_config"] == {"mask_token_id": trainer.setup.mask_token_id, "target_layer_ids": trainer.setup.layer_ids,
                                        "block_size": 8}
     assert manifest["target"] == "target/"
+    trained_with = json.loads((out / "envkit-export.json").read_text())["training_config"]
+    assert trained_with["fp8"] == "off" and "compile_target" in trained_with  # how serving's drafter was trained
 
     draft = load_reference(out)
     saved = load_file(out / "model.safetensors")
