@@ -50,7 +50,10 @@ def test_foreground_run_records_everything(cpu_venv, train_env, tmp_path):
     assert record["versions"]["torch"] == "2.13.0+cpu" and record["versions"]["transformers"] == "5.6.0"
     assert record["config"]["preset"] == "tiny" and record["summary"]["recompiles"] == 0
     assert record["summary"]["fxgraph_cache_miss"] == 0  # the warm cache was used
-    assert "step    20" in (run_dir / "train.log").read_text()
+    log = (run_dir / "train.log").read_text()
+    assert "step    20" in log
+    [how] = [line for line in log.splitlines() if line.startswith("run: ")]  # the run says how it runs
+    assert "layout sequential, world size 1" in how and "compile on" in how and record["env_key"] in how
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))  # the lock profiles carry tensorboard
     assert "acceptance length" in proc.stdout and "cache hits" in proc.stdout
     [row] = runs_json(train_env)

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import random
 import resource
 import threading
@@ -31,7 +32,7 @@ from trainer.gradients import any_rank, max_across_ranks, sum_across_ranks, weig
 from trainer.launcher import restart_count
 from trainer.monitor import CompileMonitor, inductor_cache_counters
 from trainer.records import EvalRow, StepRow, Summary, WalkRow
-from trainer.setup import Setup, build
+from trainer.setup import Setup, build, device_of
 from trainer.steps import step_inputs
 from trainer.target import eager_target, weights_checksum
 
@@ -226,8 +227,27 @@ class Trainer:
             self._clock = None
 
     # -- the run ----------------------------------------------------------------------------------
+    def describe_run(self) -> str:
+        """One line on how this run runs, logged before anything else of the run."""
+        cfg, setup = self.cfg, self.setup
+        world = self.dist.get_world_size() if self.dist else 1
+        layout = "processes (torchrun)" if self.dist else ("threads" if self.installed_mitigations is not None
+                                                           else "sequential")
+        devices = sorted({str(device_of(model)) for model in setup.targets} | {str(r.device) for r in setup.replicas})
+        mitigations = ("n/a" if self.installed_mitigations is None
+                       else ", ".join(self.installed_mitigations) or "OFF")
+        compiled = "off" if not cfg.compile else ("on, strict" if self.strict_compile else "on")
+        target_compiled = any("_envkit_eager_forward" in layer.__dict__ for layer in setup.target.model.layers)
+        return (f"run: layout {layout}, world size {world}, {len(setup.targets)} target(s) and "
+                f"{len(setup.replicas)} drafter replica(s) on {', '.join(devices)}; attention {setup.backend}, "
+                f"compile {compiled}, compiled target {'on' if target_compiled else 'off'}, fp8 {cfg.fp8}; "
+                f"mitigations {mitigations}; data {cfg.data.path or cfg.data.source}; compile cache "
+                f"{os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'torch default (not private)')}")
+
     def train(self) -> Summary | dict:
         cfg = self.cfg
+        if self.is_writer():
+            self.log(self.describe_run())
         started = time.perf_counter()
         buckets = self.warmup()
         mitigations = "" if self.installed_mitigations is None else \
