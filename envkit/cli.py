@@ -513,16 +513,8 @@ def run_command(venv_path, profile_name, name, runs_dir, detach, allow_warn, cod
     from envkit.run import slurm
     from envkit.run.command import CommandRequest, describe_command_run, start_command
 
-    placed = slurm.launch_options(os.environ, rdzv_port=rdzv_port)
-    told = {}
-    if placed["nnodes"]:
-        endpoint = placed["rdzv_endpoint"] or f"127.0.0.1:{rdzv_port or slurm.DEFAULT_RDZV_PORT}"
-        host, _, port = endpoint.rpartition(":")
-        told = {"MASTER_ADDR": host.strip("[]"), "MASTER_PORT": port, "ENVKIT_NNODES": str(placed["nnodes"]),
-                "ENVKIT_NODE_RANK": str(placed["node_rank"]), "ENVKIT_RDZV_ENDPOINT": endpoint,
-                "ENVKIT_RDZV_ID": placed["rdzv_id"]}
     request = CommandRequest(tuple(command), venv_path, profile_name, slurm.run_name(os.environ, name), runs_dir,
-                             detach, allow_warn, code_dir, told)
+                             detach, allow_warn, code_dir, slurm.placement_env(os.environ, rdzv_port))
     record = start_command(request, quiet=as_json)
     if as_json:
         _print_json(record)

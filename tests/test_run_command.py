@@ -152,8 +152,12 @@ def test_slurm_placement_is_derived_and_what_the_user_gives_wins():
     given = slurm.launch_options(step, nproc_per_node=4, rdzv_endpoint="head:1234", rdzv_port=9)
     assert given["nproc_per_node"] == 4 and given["rdzv_endpoint"] == "head:1234" and given["node_rank"] == 1
     assert slurm.run_name(step, None) == "slurm-77-node1" and slurm.run_name(step, "exp") == "exp-node1"
+    assert slurm.placement_env(step, 29600) == {
+        "MASTER_ADDR": "gpu07", "MASTER_PORT": "29600", "ENVKIT_NNODES": "2", "ENVKIT_NODE_RANK": "1",
+        "ENVKIT_RDZV_ENDPOINT": "gpu07:29600", "ENVKIT_RDZV_ID": "slurm-77"}
     batch_script = {k: v for k, v in step.items() if k != "SLURM_STEP_ID"}  # sbatch's shell, not an srun step
     assert slurm.placement(batch_script) is None and slurm.run_name(batch_script, None) is None
+    assert slurm.placement_env(batch_script) == {}
     with pytest.raises(RunError, match="one per node"):
         slurm.placement(step | {"SLURM_NTASKS": "16"})
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -120,7 +121,7 @@ def _cache_for(venv: Venv, code: dict, phases: Phases) -> tuple[Path, dict, str 
             result = compare(cache_dir, fingerprint)
             if result.tampered:
                 raise RunError(f"the compile cache {cache_dir} changed since its last run fingerprinted it "
-                               f"({tampered_names(result)}); remove it (`rm -rf {cache_dir}`) and run again")
+                               f"({tampered_names(result)}); remove it (`rm -rf {shlex.quote(str(cache_dir))}`) and run again")
     return cache_dir, parts, fingerprint["digest"] if fingerprint else None
 
 

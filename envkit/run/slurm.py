@@ -116,6 +116,18 @@ def launch_options(environ: Mapping[str, str], *, nproc_per_node=None, nnodes=No
     return {key: value if value is not None else derived[key] for key, value in given.items()}
 
 
+def placement_env(environ: Mapping[str, str], rdzv_port: int | None = None) -> dict[str, str]:
+    """What `envkit run` tells a command of its place in a job step (empty outside one): the variables
+    torch.distributed's env:// init and torchrun's options read."""
+    where = placement(environ)
+    if where is None:
+        return {}
+    endpoint = where.endpoint(rdzv_port)
+    return {"MASTER_ADDR": where.head, "MASTER_PORT": endpoint.rpartition(":")[2], "ENVKIT_NNODES": str(where.nnodes),
+            "ENVKIT_NODE_RANK": str(where.node_rank), "ENVKIT_RDZV_ENDPOINT": endpoint,
+            "ENVKIT_RDZV_ID": f"slurm-{where.job_id}"}
+
+
 def run_name(environ: Mapping[str, str], name: str | None) -> str | None:
     """Under a multi-node job step each node gets its own run dir, `<name>-node<R>` (the runs dir is usually
     on a shared file system); the default name is the job's."""
