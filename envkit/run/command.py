@@ -26,7 +26,7 @@ from envkit.fsops import write_json_atomic
 from envkit.installed import installed_versions
 from envkit.progress import Phases
 from envkit.run.preflight import new_run_dir, preflight_doctor, preflight_venv, prove_mitigations, versions
-from envkit.run.rundir import LOG, RUN_JSON, boot_id, now, read_run, update_run
+from envkit.run.rundir import LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now
 from envkit.run.supervise import detach, supervise
 from envkit.text import printable
 from envkit.venv import Venv
@@ -155,16 +155,11 @@ def start_command(request: CommandRequest, *, quiet: bool = False) -> dict:
         "key_parts": parts, "cache_fingerprint": fingerprint, "envkit_command": sys.argv,
         "host": socket.gethostname(), "boot_id": boot_id(), "started_at": now(), "ended_at": None, "exit_code": None,
         "detached": request.detach, "launcher_pid": os.getpid(), "preflight_s": phases.timings})
-    try:
+    with end_recorded_if_unsupervised(run_dir):
         if request.detach:
             return detach(run_dir, phases, "[5/5] run")
         phases.say(f"[5/5] run: {printable(' '.join(request.command))} in {run_dir} (log: {run_dir / LOG})")
         return supervise(run_dir, echo=not quiet) | {"run_dir": str(run_dir)}
-    except BaseException as exc:
-        if read_run(run_dir).get("status") == "starting":
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            update_run(run_dir, status=status, ended_at=now(), error=str(exc) or type(exc).__name__)
-        raise
 
 
 def describe_command_run(record: dict) -> str:

@@ -16,7 +16,7 @@ from envkit.fsops import write_json_atomic
 from envkit.progress import Phases
 from envkit.run.preflight import (git_commit, new_run_dir, preflight_cache, preflight_doctor, preflight_venv,
                                   versions)
-from envkit.run.rundir import CONFIG_JSON, LOG, RUN_JSON, boot_id, now, read_run, update_run
+from envkit.run.rundir import CONFIG_JSON, LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now, update_run
 from envkit.run.supervise import detach, supervise
 from envkit.text import printable
 from envkit.trainer_process import trainer_command
@@ -85,21 +85,15 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
         "launcher_pid": os.getpid(),  # a `starting` run whose launcher and supervisor are gone is lost
     }
     write_json_atomic(run_dir / RUN_JSON, record)
-    try:
+    with end_recorded_if_unsupervised(run_dir):
         cache_dir, fingerprint = preflight_cache(venv, phases, described, config_path, no_warm=request.no_warm,
                                                  layout=request.trainer_args)
         update_run(run_dir, env_key=cache_dir.name, cache_dir=str(cache_dir), cache_fingerprint=fingerprint,
-                preflight_s=phases.timings)
+                   preflight_s=phases.timings)
         if request.detach:
             return detach(run_dir, phases, "[5/5] train")
         phases.say(f"[5/5] train: {run_dir} (log: {run_dir / LOG})")
         return supervise(run_dir, echo=not quiet) | {"run_dir": str(run_dir)}
-    except BaseException as exc:
-        # Interrupted or failed before the supervisor recorded anything: run.json must still say so.
-        if read_run(run_dir).get("status") == "starting":
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            update_run(run_dir, status=status, ended_at=now(), error=str(exc) or type(exc).__name__)
-        raise
 
 
 # Trainer flags that envkit sets itself: given after `--` they would send outputs or config elsewhere while

@@ -6,6 +6,7 @@ describe, warm-up and train read), train.log, metrics.jsonl, summary.json, check
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,3 +86,15 @@ def read_summary(run_dir: Path) -> dict | None:
     return _trainer_record(run_dir / SUMMARY_JSON)
 
 
+
+
+@contextlib.contextmanager
+def end_recorded_if_unsupervised(run_dir: Path):
+    """Within: a failure or Ctrl-C before the supervisor took the run over is still recorded in run.json."""
+    try:
+        yield
+    except BaseException as exc:
+        if read_run(run_dir).get("status") == "starting":
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            update_run(run_dir, status=status, ended_at=now(), error=str(exc) or type(exc).__name__)
+        raise
