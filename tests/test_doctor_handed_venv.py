@@ -161,8 +161,9 @@ def test_a_stat_index_others_can_write_is_ignored_with_a_warning(tmp_path, wheel
     assert run_envkit("doctor", "--venv", str(venv)).returncode == 0  # writes the index
     [index] = (Path(os.environ["ENVKIT_CACHE_DIR"]) / "doctor").glob("*.json")
     edited = next(own_site_packages(venv).glob("ekt_alpha/*.py"))
-    before = os.stat(edited)
-    edited.write_text(edited.read_text() + "# edited\n")
+    before, text = os.stat(edited), edited.read_text()
+    edited.unlink()  # a new inode: uv hard-links from its shared cache, whose copy must stay as shipped
+    edited.write_text(text + "# edited\n")
     # Someone with write access to the index records the edited file's new stat as verified.
     data = json.loads(index.read_text())
     relative = str(edited.relative_to(own_site_packages(venv)))

@@ -171,7 +171,7 @@ def test_run_json_of_the_wrong_shape_and_bad_run_names(tmp_path):
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux names are only sanitised where tmux is installed")
 def test_tmux_session_names_survive_tmux_and_do_not_collide():
-    from envkit.run.launch import tmux_session_name
+    from envkit.run.supervise import tmux_session_name
 
     name = tmux_session_name("run.v1:a")
     assert "." not in name and ":" not in name
