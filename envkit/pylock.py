@@ -105,7 +105,11 @@ def as_profile_data(data: dict, path: Path) -> tuple[dict, list[str]]:
         if not isinstance(entry.get("version"), str):
             raise ProfileError(f"{printable(path)}: {where} ({printable(str(name))}) has no version; a lock envkit "
                                f"installs pins every package")
-        packages.append({"name": name, "version": entry["version"], "hashes": _hashes(entry, where, path)})
+        hashes = _hashes(entry, where, path)
+        if not hashes:
+            raise ProfileError(f"{printable(path)}: {where} ({printable(str(name))}) lists no sha256 hash; a lock "
+                               f"envkit installs checks every archive (export it again with hashes)")
+        packages.append({"name": name, "version": entry["version"], "hashes": hashes})
     name = profile_name(path)
     profile = {"name": name, "description": f"PEP 751 lock {path.name}",
                "python": python_request(data.get("requires-python"), path),

@@ -135,7 +135,9 @@ def test_pylock_is_data_only_its_hashes_and_pins_count(test_lock, wheelhouse, tm
                    'vcs = { type = "git", url = "file:///tmp/x", commit-id = "0" }\n')
     unpinned = tmp_path / "pylock.unpinned.toml"
     unpinned.write_text('lock-version = "1.0"\n[[packages]]\nname = "x"\n')
-    for path, words in ((vcs, "VCS"), (unpinned, "no version")):
+    unhashed = tmp_path / "pylock.unhashed.toml"
+    unhashed.write_text('lock-version = "1.0"\n[[packages]]\nname = "x"\nversion = "1.0"\n')
+    for path, words in ((vcs, "VCS"), (unpinned, "no version"), (unhashed, "no sha256")):
         proc = run_envkit("create", "--lock", str(path), "--venv", str(venv))
         assert proc.returncode == 1 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert not venv.exists()
