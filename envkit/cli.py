@@ -51,10 +51,27 @@ source_options = [
 ]
 
 
-def with_sources(func):
-    for option in reversed(source_options):
-        func = option(func)
-    return func
+def _all(options):
+    """One decorator applying click options in the order listed."""
+    def apply(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+    return apply
+
+
+with_sources = _all(source_options)
+
+
+def run_dir_options(default_name: str):
+    """--name, --runs-dir and --detach: where a run (train's or run's) goes and whether it detaches."""
+    return _all([
+        click.option("--name", metavar="NAME", help=f"Run name (default: {default_name})."),
+        click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR",
+                     help="Where run directories go (default: ./runs or $ENVKIT_RUNS_DIR)."),
+        click.option("--detach", is_flag=True,
+                     help="Run in a tmux session (or a new session without tmux) and return."),
+    ])
 
 
 rdzv_port_option = click.option("--rdzv-port", type=click.IntRange(1, 65535), metavar="PORT",
@@ -431,10 +448,7 @@ def cache_prune_command(dry_run, as_json):
 @profile_option
 @preset_option
 @config_option
-@click.option("--name", metavar="NAME", help="Run name (default: UTC time and preset).")
-@click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="Where run directories go (default: ./runs or $ENVKIT_RUNS_DIR).")
-@click.option("--detach", is_flag=True, help="Run in a tmux session (or a new session without tmux) and return.")
+@run_dir_options("UTC time and preset")
 @click.option("--no-warm", is_flag=True, help="Refuse to start on a cold cache instead of warming it.")
 @click.option("--allow-warn", is_flag=True, help="Start despite doctor warnings that train does not handle itself.")
 @click.option("--nproc-per-node", "--gpus", "nproc_per_node", type=click.IntRange(min=1), metavar="K",
@@ -486,10 +500,7 @@ def train_command(venv_path, profile_name, preset, config_path, name, runs_dir, 
 @main.command("run", context_settings={"ignore_unknown_options": True})
 @venv_option
 @profile_option
-@click.option("--name", metavar="NAME", help="Run name (default: UTC time and the program's name).")
-@click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="Where run directories go (default: ./runs or $ENVKIT_RUNS_DIR).")
-@click.option("--detach", is_flag=True, help="Run in a tmux session (or a new session without tmux) and return.")
+@run_dir_options("UTC time and the program's name")
 @click.option("--allow-warn", is_flag=True, help="Start despite doctor warnings.")
 @click.option("--code", "code_dir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
               help="Your training code (default: the working directory): its git commit and uncommitted changes "

@@ -196,26 +196,25 @@ def compile_layers(model: nn.Module) -> int:
 
 
 @contextlib.contextmanager
-def compiled_target():
-    """Within (this thread): layers given a compiled forward by `compile_layers` run it."""
-    before = getattr(_compiled_region, "on", False)
-    _compiled_region.on = True
+def _region_flag(name: str):
+    """Within (this thread): `_compiled_region.<name>` is True, restored after."""
+    before = getattr(_compiled_region, name, False)
+    setattr(_compiled_region, name, True)
     try:
         yield
     finally:
-        _compiled_region.on = before
+        setattr(_compiled_region, name, before)
 
 
-@contextlib.contextmanager
+def compiled_target():
+    """Within (this thread): layers given a compiled forward by `compile_layers` run it."""
+    return _region_flag("on")
+
+
 def eager_target():
     """Within (this thread): the eager layers even inside `compiled_target()`, e.g. for an evaluation against
     the target switched to bf16 (trainer/fp8.py), whose code path the compiled graphs were not made for."""
-    before = getattr(_compiled_region, "eager", False)
-    _compiled_region.eager = True
-    try:
-        yield
-    finally:
-        _compiled_region.eager = before
+    return _region_flag("eager")
 
 
 @torch.no_grad()

@@ -3,11 +3,7 @@
 # (1,200 steps on 1,024 greedy continuations, bf16, flex, compiled, compiled target): once against the bf16 target, once with --fp8 target
 # (the fastest setting measured). Both walked against the bf16 target (what serving verifies against) and
 # teacher-forced on the same held-out positions. Figures to $OUT/acceptance.jsonl.
-set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/cache && chmod 700 /tmp/cache
-export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton ENVKIT_HOME=/tmp/home
+source "$(dirname "$0")/env.sh"
 t=$(date +%s)
 timeout 150 python3 -m trainer make-target --recipe code_small > "$OUT/make_target.json" 2> "$OUT/make_target.log"
 echo "make-target: $(( $(date +%s) - t )) s"

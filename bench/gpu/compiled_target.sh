@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Issue 31 (nvidia-h200): the frozen target compiled by region, side by side in one call with today's default
 # (fused AdamW, eager target) and with --fp8 target on top. qwen3_8b, chat length mix, packed, compiled flex.
-set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/cache && chmod 700 /tmp/cache
-export TORCHINDUCTOR_CACHE_DIR=/tmp/cache/inductor TRITON_CACHE_DIR=/tmp/cache/triton
+source "$(dirname "$0")/env.sh"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
 } > "$OUT/env.txt" 2>&1
