@@ -106,9 +106,8 @@ def resolve_executable(command: tuple[str, ...], venv: Venv) -> list[str]:
     return [os.path.abspath(found) if os.sep in command[0] else found, *command[1:]]
 
 
-def _cache_for(venv: Venv, code: dict, phases: Phases) -> tuple[Path, dict, str | None]:
+def _cache_for(venv: Venv, installed: dict, code: dict, phases: Phases) -> tuple[Path, dict, str | None]:
     """The command's private cache, verified against its fingerprint when an earlier run left one."""
-    installed = installed_versions(venv.site_packages())
     manifest = venv.manifest() or {}
     parts = {"kind": "command", "venv": str(venv.path), "lock_digest": manifest.get("lock_digest"),
              "python": venv.python_version(), "torch": installed.get("torch"), "triton": installed.get("triton"),
@@ -139,10 +138,10 @@ def start_command(request: CommandRequest, *, quiet: bool = False) -> dict:
     if not code_dir.is_dir():
         raise RunError(f"--code {printable(code_dir)}: not a directory; give the directory of your training code")
     code = code_identity(code_dir, skip=(run_dir.parent,))
-    cache_dir, parts, fingerprint = _cache_for(venv, code, phases)
-    torch_version = installed_versions(venv.site_packages()).get("torch")
-    if torch_version:
-        prove_mitigations(venv, cache_dir, torch_version, phases)
+    installed = installed_versions(venv.site_packages())
+    cache_dir, parts, fingerprint = _cache_for(venv, installed, code, phases)
+    if installed.get("torch"):
+        prove_mitigations(venv, cache_dir, installed["torch"], phases)
     try:
         run_dir.mkdir(parents=True)
     except OSError as exc:
