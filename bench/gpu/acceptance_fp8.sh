@@ -8,10 +8,12 @@ t=$(date +%s)
 timeout 150 python3 -m trainer make-target --recipe code_small > "$OUT/make_target.json" 2> "$OUT/make_target.log"
 echo "make-target: $(( $(date +%s) - t )) s"
 python3 - <<'PY'
-import json
+import json, os
 config = json.load(open("bench/gpu/code_small.json"))
 config.update(walk_prompts=8, walk_new_tokens=64, eval_every=0)
-config["data"]["num_sequences"] = 1024  # half the greedy generation: both runs fit one call
+# Fewer greedy continuations and steps than the preset: two runs and the target's build fit one call.
+config["data"]["num_sequences"] = int(os.environ.get("NUM_SEQUENCES", 1024))
+config["steps"] = int(os.environ.get("STEPS", 1200))
 json.dump(config, open("/tmp/code_small_acc.json", "w"))
 PY
 for setting in ${SETTINGS:-off target}; do
