@@ -134,7 +134,7 @@ def rss_per_rank(data: Path, env: dict, workdir: Path, name: str) -> dict:
 def todays_path(data: Path) -> dict:
     """What the trainer did before the store, in this process: every row parsed into lists, then packed."""
     sys.path.insert(0, str(PROJECT))
-    from trainer.data import pack
+    from trainer.data.datasets import pack
 
     started = time.perf_counter()
     rows = []

@@ -4,8 +4,8 @@
     python bench/step_parts.py --preset tiny --repeat 3           # CPU, a smoke run
 
 The target's forward through SDPA and transformers' dense block-diagonal mask against flex over a
-document BlockMask (trainer/target_attention.py), and the drafter's BlockMask through
-create_block_mask against the tiles computed from the anchors (trainer/masks.py). Rows are packed
+document BlockMask (trainer/model/target_attention.py), and the drafter's BlockMask through
+create_block_mask against the tiles computed from the anchors (trainer/model/masks.py). Rows are packed
 from the chat length mix at the largest bucket. Prints one JSON line; --out appends it to a file.
 """
 
@@ -45,10 +45,10 @@ def main() -> None:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from trainer.config import preset
-    from trainer.setup import build
-    from trainer.masks import flex_block_mask, make_mask_mod
-    from trainer.target import tapped_states
+    from trainer.config.schema import preset
+    from trainer.train.setup import build
+    from trainer.model.masks import flex_block_mask, make_mask_mod
+    from trainer.model.target import tapped_states
 
     cfg = preset(args.preset)
     cfg.data.source, cfg.data.packing, cfg.data.num_sequences, cfg.data.eval_sequences = "chat_lengths", True, 384, 1
@@ -57,7 +57,7 @@ def main() -> None:
     device = setup.target_device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     bucket = cfg.data.buckets[-1]
-    from trainer.data import collate
+    from trainer.data.datasets import collate
 
     # The rows of the largest bucket with the most documents: what packing makes of short conversations.
     data = setup.train_data
@@ -66,7 +66,7 @@ def main() -> None:
     batch = {k: v.to(device) for k, v in batch.items()}
     ids, positions, doc_ids = batch["input_ids"], batch["positions"], batch["doc_ids"]
     generator = torch.Generator().manual_seed(0)
-    from trainer.loss import sample_anchors
+    from trainer.model.loss import sample_anchors
 
     anchors = sample_anchors(batch["loss_mask"].cpu(), batch["lengths"].cpu(), cfg.num_anchors,
                              cfg.drafter.block_size, generator, doc_ids.cpu()).to(device)

@@ -31,11 +31,11 @@ def run_variant(args) -> dict:
     """In this process: build the trainer, warm up, train N steps, summarise the step rows."""
     import torch
 
-    from trainer.config import preset
-    from trainer.faults import Faults
-    from trainer.flops import sequence_flops, useful_flops
-    from trainer.launcher import init_distributed
-    from trainer.loop import Trainer
+    from trainer.config.schema import preset
+    from trainer.train.faults import Faults
+    from trainer.metrics.flops import sequence_flops, useful_flops
+    from trainer.train.launcher import init_distributed
+    from trainer.train.loop import Trainer
 
     attention, compiled = VARIANTS[args.variant]
     cfg = preset(args.preset)
@@ -75,7 +75,7 @@ def run_variant(args) -> dict:
                                    faults=Faults.parse(unwarmed=unwarmed))
     else:
         trainer = Trainer.sequential(cfg, out, device=args.device, log=log)
-    replicas = len(trainer.setup.replicas)
+    replicas = len(trainer.train.setup.replicas)
     setup_s = time.perf_counter() - started
     warm_started = time.perf_counter()
     trainer.warmup()
@@ -102,7 +102,7 @@ def run_variant(args) -> dict:
                 "error": [f"{type(exc).__name__}: {str(exc)[:300]}"]}
     finally:
         trainer.close()
-    device = trainer.setup.device
+    device = trainer.train.setup.device
     world = dist.get_world_size() if dist else 1
     if dist and dist.get_rank() != 0:
         return {}

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from trainer import walk
-from trainer.config import tiny
-from trainer.target import build_target
+from trainer.config.schema import tiny
+from trainer.eval import walk
+from trainer.model.target import build_target
 
 
 def main() -> None:

@@ -14,13 +14,13 @@ from pathlib import Path
 from envkit import __version__, paths, profile as profiles, wheelhouse
 from envkit.doctor.context import Context
 from envkit.doctor.packages import stray_reasons
-from envkit.installed import invalid_dist_infos
 from envkit.errors import ProfileError
+from envkit.installed import invalid_dist_infos
 from envkit.lock import compile_packages
 from envkit.profile import DEFAULT_PLATFORM, Profile
 from envkit.uvtool import uv_version
 from envkit.venv import Venv
-from trainer.files import atomic_write
+from trainer.common.files import atomic_write
 
 
 @dataclass(frozen=True)

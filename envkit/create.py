@@ -16,15 +16,15 @@ from pathlib import Path
 from filelock import FileLock
 
 from envkit import __version__, paths, profile as profiles, wheelhouse
+from envkit import venvrecord
 from envkit.errors import VenvError
+from envkit.fsops import exchange
+from envkit.fsops import write_json_atomic
 from envkit.installed import installed_versions
 from envkit.lock import source_args
 from envkit.profile import Profile
 from envkit.progress import Phases
 from envkit.uvtool import run_uv, uv_version
-from envkit.fsops import exchange
-from envkit.fsops import write_json_atomic
-from envkit import venvrecord
 from envkit.venv import Venv
 
 

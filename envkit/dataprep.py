@@ -9,8 +9,8 @@ from envkit.errors import RunError
 from envkit.text import printable
 from envkit.trainer_process import trainer_command, trainer_env, trainer_failure
 from envkit.venv import Venv
-from trainer.children import die_with_parent
-from trainer.files import loads_json
+from trainer.common.children import die_with_parent
+from trainer.common.files import loads_json
 
 
 def prepare(venv: Venv, args: list[str]) -> dict:

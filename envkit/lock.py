@@ -14,7 +14,7 @@ from envkit import __version__, profile as profiles, wheelhouse
 from envkit.errors import EnvkitError, ProfileError
 from envkit.profile import LockedPackage, Profile
 from envkit.uvtool import run_uv, uv_version
-from trainer.files import atomic_write
+from trainer.common.files import atomic_write
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from envkit.errors import CacheError, VenvError
 from envkit.safeio import UnsafeFile, read_bytes
 from envkit.trainer_process import run_trainer, trainer_env
 from envkit.venv import Venv
-from trainer.mitigations import MITIGATIONS, WARM_LOCK_ENV
+from trainer.common.mitigations import MITIGATIONS, WARM_LOCK_ENV
 
 
 KIND = "selftest"

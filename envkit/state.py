@@ -19,7 +19,7 @@ from envkit import paths
 from envkit.cache.trust import permission_problem
 from envkit.fsops import write_json_atomic
 from envkit.text import printable
-from trainer.files import read_json_file
+from trainer.common.files import read_json_file
 
 RECORD_LIMIT = 64 << 20
 

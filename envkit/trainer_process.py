@@ -9,7 +9,7 @@ from pathlib import Path
 from envkit import paths
 from envkit.errors import CacheError, EnvkitError
 from envkit.venv import Venv
-from trainer.children import die_with_parent
+from trainer.common.children import die_with_parent
 
 
 def trainer_command(venv: Venv, *args: str) -> list[str]:

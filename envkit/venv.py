@@ -8,10 +8,11 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from envkit import paths
 from envkit.errors import VenvError
 from envkit.safeio import UnsafeFile, read_bytes
 from envkit.text import printable
-from trainer.files import read_json_file
+from trainer.common.files import read_json_file
 
 MANIFEST = "envkit.json"
 MANIFEST_LIMIT = 1 << 20
@@ -96,8 +97,6 @@ class Venv:
 
 def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv:
     """--venv PATH, else the profile's managed venv; it must exist and be a venv."""
-    from envkit import paths
-
     path = Path(venv_path) if venv_path else paths.default_venv(profile_name or paths.DEFAULT_PROFILE)
     venv = Venv(path.expanduser().absolute())
     if not venv.path.exists():

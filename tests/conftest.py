@@ -1,31 +1,16 @@
+"""Fixtures shared by every test: an isolated ENVKIT_HOME per test, and once per session the test wheelhouse,
+the real cpu venv, a warm compile cache and a trained tiny run. Importable helpers are in helpers.py."""
+
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from wheels import build_wheel
-
-PROJECT = Path(__file__).resolve().parent.parent
-
-
-def run_envkit(*args: str, env: dict | None = None, check: bool = False, timeout: float = 600,
-               cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """envkit as a user runs it: a real process."""
-    proc = subprocess.run([sys.executable, "-m", "envkit", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=cwd)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"envkit {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def run_json(*args: str, **kwargs) -> dict:
-    return json.loads(run_envkit(*args, "--json", **kwargs).stdout)
+from helpers import build_wheel, run_envkit, write_profile
 
 
 @pytest.fixture(autouse=True)
@@ -48,17 +33,6 @@ def wheelhouse(tmp_path_factory) -> Path:
     build_wheel(house, "ekt-gamma", "1.0")
     build_wheel(house, "sglang", "0.0.1")  # named like a catalog stray; tiny and harmless
     return house
-
-
-def write_profile(path: Path, requirements: list[str], name: str = "ekt") -> Path:
-    path.write_text(
-        "[profile]\n"
-        f'name = "{name}"\n'
-        'description = "test profile"\n'
-        f'python = "{sys.version_info.major}.{sys.version_info.minor}"\n'
-        f"requirements = {json.dumps(requirements)}\n"
-    )
-    return path
 
 
 @pytest.fixture
@@ -99,3 +73,22 @@ def tiny_run(tmp_path_factory, cpu_venv, warm_cache_root):
     proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "tiny", "--name", "tiny", env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp / "runs" / "tiny", env, proc.stdout
+
+
+# A test's tier follows from what it needs: the session's cpu venv, warm cache or trained runs make it e2e, a
+# venv built from the test wheelhouse makes it integration; an explicit mark wins. The rest is the unit tier.
+E2E_FIXTURES = {"cpu_venv", "warm_cache_root", "tiny_run", "code_run"}
+INTEGRATION_FIXTURES = {"wheelhouse", "test_lock"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("e2e") or item.get_closest_marker("integration"):
+            continue
+        needs = set(item.fixturenames)
+        if needs & E2E_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
+        elif needs & INTEGRATION_FIXTURES:
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)

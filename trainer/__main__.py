@@ -1,5 +1,8 @@
 """python -m trainer: the bundled DFlash drafter trainer (train, prepare, eval, export, warmup, describe, selftest,
-make-target, load-cache; `python -m trainer COMMAND --help` explains each)."""
+make-target, load-cache; `python -m trainer COMMAND --help` explains each).
+
+Each command imports the torch-heavy parts it runs inside its handler: `--help`, `describe` and a refused flag
+answer without importing the model, the loop or the data code."""
 
 from __future__ import annotations
 
@@ -13,16 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.config import TrainConfig, resolve
-from trainer.launcher import close_distributed, launch, pin_local_gpu, wants_launch
-from trainer.errors import TrainerInputError
-from trainer.faults import Faults
-from trainer.files import atomic_write, loads_json, read_json_file, read_json_record
-from trainer.records import headline
+from trainer.common.errors import TrainerInputError
+from trainer.common.files import atomic_write, loads_json, read_json_file, read_json_record
+from trainer.common.records import headline
+from trainer.config.schema import TrainConfig, resolve
+from trainer.train.faults import Faults
+from trainer.train.launcher import close_distributed, launch, pin_local_gpu, wants_launch
 
 
 def _config(args) -> TrainConfig:
-    """CLI > --config file > preset, resolved once (trainer.config.resolve)."""
+    """CLI > --config file > preset, resolved once (trainer.config.schema.resolve)."""
     file_values = None
     if args.config:
         try:
@@ -76,8 +79,8 @@ def _make_trainer(args, cfg, log):
 
     import torch
 
-    from trainer.launcher import init_distributed
-    from trainer.loop import Trainer
+    from trainer.train.launcher import init_distributed
+    from trainer.train.loop import Trainer
 
     if args.device and (args.targets or args.drafters):
         raise TrainerInputError("give --device or --targets/--drafters (which name every device), not both")
@@ -140,7 +143,7 @@ def _record_node(out: Path) -> None:
 
 
 def _train(args, cfg) -> int:
-    from trainer.loop import Interrupted
+    from trainer.train.loop import Interrupted
 
     trainer = _make_trainer(args, cfg, _log_line)
     received: list[int] = []
@@ -175,8 +178,8 @@ def write_summary(out: Path, summary: dict) -> None:
 
 
 def cmd_eval(args) -> int:
-    from trainer import checkpoint
-    from trainer.loop import Trainer
+    from trainer.train import checkpoint
+    from trainer.train.loop import Trainer
 
     state = checkpoint.load(Path(args.ckpt))
     cfg = TrainConfig.from_dict(state["config"])
@@ -193,10 +196,10 @@ def cmd_eval(args) -> int:
         raise TrainerInputError("--taps, --zero-context and --prompts change the decoding walk: give --walk too")
     prompts = None
     if args.prompts:
-        from trainer.rows import read_prompts
-        from trainer.target import target_dir
+        from trainer.data.rows import read_prompts
+        from trainer.model.target import target_dir
 
-        tokenizer_dir = trainer.setup.tokenizer_path or target_dir(cfg.target)
+        tokenizer_dir = trainer.train.setup.tokenizer_path or target_dir(cfg.target)
         tokenizer = None
         if tokenizer_dir:
             from transformers import AutoTokenizer
@@ -207,13 +210,13 @@ def cmd_eval(args) -> int:
         if too_long:
             raise TrainerInputError(f"--prompts {args.prompts}: prompt {too_long[0]} with {cfg.walk_new_tokens} new "
                                     f"tokens exceeds the target's {cfg.target.max_position_embeddings} positions")
-    print(json.dumps(trainer.evaluate_walk(taps, args.zero_context, prompts) if args.walk else trainer.evaluate()))
+    print(json.dumps(trainer.evaluate_walk(taps, args.zero_context, prompts) if args.walk else trainer.eval.teacher_forced()))
     return 0
 
 
 def cmd_export(args) -> int:
     """Write the DFlash serving format (config.json, model.safetensors, target/) from a checkpoint."""
-    from trainer.export import export
+    from trainer.export.dflash import export
 
     def terminate(signum, frame):
         raise Stop  # unwinds through export(), which removes its temporary directory
@@ -229,8 +232,8 @@ def cmd_export(args) -> int:
 
 def cmd_warmup(args) -> int:
     """Compile every bucket single-threaded (what `envkit warm-cache` runs), then print the counters."""
-    from trainer.loop import Trainer
-    from trainer.monitor import inductor_cache_counters
+    from trainer.train.loop import Trainer
+    from trainer.metrics.monitor import inductor_cache_counters
 
     cfg = _config(args)
     _refuse_train_only_flags(args, "warmup")
@@ -329,7 +332,7 @@ def cmd_selftest(args) -> int:
     """Prove each hazard mitigation in this interpreter (what `envkit warm-cache` records for doctor)."""
     import torch
 
-    from trainer.selftest import run_all
+    from trainer.safety.selftest import run_all
 
     started = time.perf_counter()
     results = run_all()
@@ -339,10 +342,10 @@ def cmd_selftest(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    """The data file's token store, prepared now or found intact (trainer/store.py)."""
-    from trainer import store
-    from trainer.setup import tokenizer_source
-    from trainer.target import target_dir
+    """The data file's token store, prepared now or found intact (trainer/data/store.py)."""
+    from trainer.data import store
+    from trainer.train.setup import tokenizer_source
+    from trainer.model.target import target_dir
 
     cfg = _config(args)
     if not cfg.data.path:
@@ -370,8 +373,8 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_make_target(args) -> int:
-    """Train a small Qwen3 target and its tokenizer on the stdlib sources (trainer/maketarget.py)."""
-    from trainer import maketarget
+    """Train a small Qwen3 target and its tokenizer on the stdlib sources (trainer/targets/maketarget.py)."""
+    from trainer.targets import maketarget
 
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731  (stdout is the JSON result)
     if args.out:

@@ -20,7 +20,7 @@ common="--preset qwen3_8b --variants flex --steps 8 --skip 2 --profile-steps 3 -
 if [ "$PART" = 1 ]; then
   python3 - <<'PY' > "$OUT/fp8_numerics.txt" 2>&1
 import torch
-from trainer.fp8 import Fp8Linear
+from trainer.model.fp8 import Fp8Linear
 torch.manual_seed(0)
 lin = torch.nn.Linear(4096, 12288, bias=False, device="cuda", dtype=torch.bfloat16)
 x = torch.randn(3072, 4096, device="cuda", dtype=torch.bfloat16)

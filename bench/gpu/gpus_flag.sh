@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device call 12 (issue 15, nvidia-h200-x2): `python -m trainer train --gpus 2` as a user runs it: qwen3_8b on
-# the chat length mix, packed, two processes (trainer/launcher.py), 40 steps, then eval, checkpoint and walk.
+# the chat length mix, packed, two processes (trainer/train/launcher.py), 40 steps, then eval, checkpoint and walk.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}

@@ -7,8 +7,8 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 timeout 170 python3 - <<'PY' 2>&1 | grep -v '^ \|Warn' | tail -5 | tee "$OUT/walk.txt"
 import json, time
-from trainer.config import preset
-from trainer.loop import Trainer
+from trainer.config.schema import preset
+from trainer.train.loop import Trainer
 cfg = preset("qwen3_8b")
 cfg.data.source, cfg.data.num_sequences, cfg.data.eval_sequences = "chat_lengths", 8, 8
 cfg.walk_prompts, cfg.walk_new_tokens, cfg.compile = 8, 48, False

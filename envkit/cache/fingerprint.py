@@ -14,8 +14,8 @@ from envkit.cache.trust import tree_problems
 from envkit.errors import CacheError
 from envkit.fsops import write_json_atomic
 from envkit.venv import Venv
-from trainer.files import file_sha256
-from trainer.files import read_json_file
+from trainer.common.files import file_sha256
+from trainer.common.files import read_json_file
 
 FINGERPRINT = "fingerprint.json"
 

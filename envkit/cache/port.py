@@ -30,11 +30,11 @@ from envkit.cache.key import CACHE_SUBDIRS, compile_root, ensure_private_dir, en
 from envkit.cache.warmup import warm
 from envkit.errors import CacheError
 from envkit.fsops import exchange
-from envkit.trainer_process import run_trainer, trainer_env
 from envkit.safeio import UnsafeFile, read_bytes
 from envkit.text import printable
+from envkit.trainer_process import run_trainer, trainer_env
 from envkit.venv import Venv
-from trainer.files import atomic_write, file_sha256, loads_json
+from trainer.common.files import atomic_write, file_sha256, loads_json
 
 EXPORT_HEADER = "envkit-cache.json"
 EXPORT_BLOB = "mega-cache.bin"

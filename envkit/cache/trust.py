@@ -3,7 +3,7 @@
 torch loads cache entries with pickle and imports generated code (HAZARDS.md H5): whoever can write
 any file or directory of the cache, or plant a link that torch follows, runs code in training. These
 checks never follow a link and never open anything but a regular file, so a planted FIFO cannot hang them.
-The rule itself (trainer/files.py permission_problem) is the one envkit's own state and built targets follow.
+The rule itself (trainer/common/files.py permission_problem) is the one envkit's own state and built targets follow.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainer.files import permission_problem as _entry_problem
+from trainer.common.files import permission_problem as _entry_problem
 
 # Why each kind of problem matters in a compile cache, after what the rule found.
 _CONSEQUENCE = {"a symlink": "torch would follow it outside what the fingerprint covers",

@@ -35,7 +35,7 @@ from envkit.trainer_process import (
 )
 from envkit.trainer_source import trainer_digest
 from envkit.venv import Venv
-from trainer.children import die_with_parent
+from trainer.common.children import die_with_parent
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ def diagnose(ctx: Context) -> Report:
 
 def fix(ctx: Context, *, find_links=(), offline=False, no_index=False) -> None:
     """Re-sync the venv to its lock in place: strays, duplicates, drift and edited files go."""
+    # Only --fix installs: uv, the lock and the wheelhouse stay out of every plain doctor's start-up.
     from envkit import wheelhouse
     from envkit.create import sync
 

@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envkit.doctor import statindex
 from envkit.installed import Distribution, installed_distributions
 from envkit.profile import Profile
 from envkit.safeio import UnsafeFile, read_text
@@ -69,8 +70,6 @@ class Context:
     @functools.cached_property
     def stat_index(self):
         """doctor's stat index of this venv (None with --deep, which hashes everything)."""
-        from envkit.doctor import statindex
-
         return None if self.deep else statindex.load(self.venv)
 
     @functools.cached_property

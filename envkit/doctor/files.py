@@ -143,6 +143,7 @@ def check_modified(ctx: Context) -> list[Finding]:
 
 def _edit_diff(ctx: Context, name: str, relative: str, expected: str) -> str:
     """The edit as a unified diff against the shipped file, or how to get one."""
+    # Only an edited file needs the shipped original (zipfile, uv): not imported by a clean doctor.
     from envkit.doctor.original import original, unified_diff
 
     dist = ctx.by_name[name][0]

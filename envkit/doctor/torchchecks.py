@@ -17,10 +17,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from envkit import selftest
-from envkit.trainer_source import trainer_digest
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
-from trainer.mitigations import MITIGATIONS
+from envkit.trainer_source import trainer_digest
+from trainer.common.mitigations import MITIGATIONS
 
 
 def _driver_cuda_version() -> str | None:

@@ -20,7 +20,7 @@ from envkit.run.rundir import CONFIG_JSON, LOG, RUN_JSON, boot_id, end_recorded_
 from envkit.run.supervise import detach, supervise
 from envkit.text import printable
 from envkit.trainer_process import trainer_command
-from trainer.records import details
+from trainer.common.records import details
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ from envkit import __version__, doctor, paths, selftest
 from envkit.cache import warmup
 from envkit.cache.fingerprint import read_fingerprint, tampered_names
 from envkit.cache.key import compile_root, ensure_private_dir, env_key, key_parts
+from envkit.create import create
 from envkit.doctor.findings import Report, Status
+from envkit.doctor.render import as_table
 from envkit.errors import RunError
 from envkit.installed import installed_versions
 from envkit.progress import Phases
@@ -48,8 +50,6 @@ def _blocking(report: Report, allow_warn: bool) -> list:
 
 
 def preflight_venv(venv_path: str | None, profile_name: str | None, phases: Phases) -> Venv:
-    from envkit.create import create
-
     profile_name = profile_name or paths.DEFAULT_PROFILE
     path = Path(venv_path) if venv_path else paths.default_venv(profile_name)
     venv = Venv(path.expanduser().absolute())
@@ -63,8 +63,6 @@ def preflight_venv(venv_path: str | None, profile_name: str | None, phases: Phas
 
 
 def preflight_doctor(venv: Venv, profile_name: str | None, allow_warn: bool, phases: Phases):
-    from envkit.doctor.render import as_table
-
     with phases.phase("doctor"):
         ctx = doctor.load_context(venv.path, profile_name or None)
         report = doctor.diagnose(ctx)

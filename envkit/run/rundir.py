@@ -12,9 +12,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from envkit.errors import RunError
-from envkit.text import printable
 from envkit.fsops import write_json_atomic
-from trainer.files import read_json_file
+from envkit.text import printable
+from trainer.common.files import read_json_file
 
 RUN_JSON = "run.json"
 CONFIG_JSON = "config.json"

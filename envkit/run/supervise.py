@@ -21,7 +21,7 @@ from envkit.run.rundir import LOG, NODE_JSON, now, read_node, read_run, read_sum
 from envkit.text import printable
 from envkit.trainer_process import trainer_env
 from envkit.venv import Venv
-from trainer.children import die_with_parent
+from trainer.common.children import die_with_parent
 
 EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "interrupted", -15: "interrupted"}
 

@@ -1,0 +1,196 @@
+"""`envkit run -- COMMAND` as a user runs it: their own script, preflight, a run dir, a compile cache a second run
+hits, tampering and pollution that stop it, a detached run; and Slurm's placement read from SLURM_*."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envkit.errors import RunError
+from envkit.run import slurm
+from envkit.run.command import code_identity
+from helpers import run_envkit
+
+USER_SCRIPT = """\
+import torch
+from torch._dynamo.utils import counters
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+step = torch.compile(model)
+with torch.no_grad():
+    print("out", float(step(torch.randn(8, 16)).square().mean()))
+print("COUNTERS", {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph")})
+"""
+
+
+def counters(log: str) -> dict:
+    [line] = [line for line in log.splitlines() if line.startswith("COUNTERS ")]
+    return eval(line.removeprefix("COUNTERS "), {})  # a dict literal the script printed
+
+
+def record(runs: Path, name: str) -> dict:
+    return json.loads((runs / name / "run.json").read_text())
+
+
+def test_a_users_script_runs_with_preflight_a_run_dir_and_a_cache_its_next_run_hits(cpu_venv, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "my_train.py").write_text(USER_SCRIPT)
+    runs = tmp_path / "runs"
+    first = run_envkit("run", "--venv", str(cpu_venv), "--name", "mine", "--", "python", "my_train.py", cwd=code)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "doctor" in first.stderr and "run mine: finished (exit 0)" in first.stderr
+    assert counters(first.stdout)["fxgraph_cache_miss"] > 0
+    made = record(runs, "mine")
+    assert made["kind"] == "command" and made["status"] == "finished" and made["exit_code"] == 0
+    assert made["command"][0] == str(cpu_venv / "bin" / "python") and made["cwd"] == str(code)
+    assert Path(made["cache_dir"]).is_relative_to(Path(os.environ["ENVKIT_CACHE_DIR"]))
+    assert made["code"]["key"].startswith("files:") and made["cache_fingerprint"]
+    assert "COUNTERS" in (runs / "mine" / "train.log").read_text()
+
+    second = run_envkit("run", "--venv", str(cpu_venv), "--name", "again", "--", "python", "my_train.py", cwd=code)
+    assert second.returncode == 0, second.stderr[-3000:]
+    hit = counters(second.stdout)
+    assert hit.get("fxgraph_cache_hit", 0) > 0 and hit.get("fxgraph_cache_miss", 0) == 0, hit
+    assert record(runs, "again")["env_key"] == made["env_key"]
+    listed = {row["name"]: row["status"] for row in json.loads(run_envkit("runs", "--json", cwd=code).stdout)}
+    assert listed == {"mine": "finished", "again": "finished"}
+
+    # Edited code is another key: a cold cache of its own, the first one untouched.
+    (code / "my_train.py").write_text(USER_SCRIPT + "# edited\n")
+    edited = run_envkit("run", "--venv", str(cpu_venv), "--name", "edited", "--", "python", "my_train.py", cwd=code)
+    assert edited.returncode == 0 and record(runs, "edited")["env_key"] != made["env_key"]
+
+    # A cache entry changed after the fingerprint stops the next run before the command starts.
+    entry = next(p for p in Path(made["cache_dir"]).rglob("*") if p.is_file() and p.name != "fingerprint.json")
+    entry.write_bytes(entry.read_bytes() + b"#")
+    (code / "my_train.py").write_text(USER_SCRIPT)
+    tampered = run_envkit("run", "--venv", str(cpu_venv), "--name", "t", "--", "python", "my_train.py", cwd=code)
+    assert tampered.returncode == 1 and "COUNTERS" not in tampered.stdout and not (runs / "t").exists()
+    assert "tampering" in tampered.stderr and made["cache_dir"] in tampered.stderr
+    assert "warm-cache" not in tampered.stderr  # a command's cache is rebuilt by its next run, not by warm-cache
+
+
+def test_exit_codes_missing_commands_and_a_polluted_venv(test_lock, wheelhouse, tmp_path):
+    venv = tmp_path / "venv"
+    run_envkit("create", "--lock", str(test_lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse),
+               check=True)
+    runs = tmp_path / "runs"
+    failing = run_envkit("run", "--venv", str(venv), "--name", "three", "--",
+                         "python", "-c", "import ekt_alpha, sys; print(ekt_alpha.VERSION); sys.exit(3)")
+    assert failing.returncode == 3 and "1.0" in failing.stdout
+    assert record(runs, "three")["exit_code"] == 3 and record(runs, "three")["status"] == "failed"
+
+    missing = run_envkit("run", "--venv", str(venv), "--name", "none", "--", "no-such-program-here")
+    assert missing.returncode == 1 and "command not found: 'no-such-program-here'" in missing.stderr
+    assert not (runs / "none").exists()
+
+    subprocess.run(["uv", "pip", "install", "--python", str(venv / "bin" / "python"), "--no-index", "--find-links",
+                    str(wheelhouse), "sglang==0.0.1", "-q"], check=True)
+    stopped = run_envkit("run", "--venv", str(venv), "--name", "dirty", "--", "python", "-c", "print('ran')")
+    assert stopped.returncode == 1 and "doctor found problems" in stopped.stderr and "sglang" in stopped.stderr
+    assert "ran" not in stopped.stdout and not (runs / "dirty").exists()
+
+
+def test_detached_run_survives_its_terminal(test_lock, wheelhouse, tmp_path):
+    venv = tmp_path / "venv"
+    run_envkit("create", "--lock", str(test_lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse),
+               check=True)
+    done = tmp_path / "done"
+    proc = run_envkit("run", "--venv", str(venv), "--name", "bg", "--detach", "--", "python", "-c",
+                      f"import time, pathlib; time.sleep(2); pathlib.Path({str(done)!r}).write_text('ok')")
+    assert proc.returncode == 0 and "detached" in proc.stdout, proc.stderr  # the launching process has exited
+    deadline = time.monotonic() + 60
+    while record(tmp_path / "runs", "bg")["status"] in ("starting", "running") and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert record(tmp_path / "runs", "bg")["status"] == "finished" and done.read_text() == "ok"
+
+
+def test_code_identity_is_the_commit_plus_uncommitted_changes(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "train.py").write_text("print(1)\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    clean = code_identity(repo, skip=(repo / "runs",))
+    assert clean["commit"] and clean["uncommitted"] is None and clean["key"] == clean["commit"][:16]
+    (repo / "runs").mkdir()
+    (repo / "runs" / "out.log").write_text("a run's output is not code\n")
+    assert code_identity(repo, skip=(repo / "runs",)) == clean
+    (repo / "train.py").write_text("print(2)\n")
+    edited = code_identity(repo, skip=(repo / "runs",))
+    (repo / "helper.py").write_text("x = 1\n")
+    untracked = code_identity(repo, skip=(repo / "runs",))
+    assert len({clean["key"], edited["key"], untracked["key"]}) == 3 and edited["commit"] == clean["commit"]
+
+
+def test_slurm_hostlists_expand_as_scontrol_does():
+    assert slurm.expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert slurm.expand_hostlist("r[1-2]n[8-9]") == ["r1n8", "r1n9", "r2n8", "r2n9"]
+    assert slurm.expand_hostlist("127.0.0.[1-2]") == ["127.0.0.1", "127.0.0.2"]
+    assert slurm.expand_hostlist("node9") == ["node9"]
+    for bad in ("gpu[1-", "gpu[3-1]", "gpu[a-b]", ""):
+        with pytest.raises(RunError):
+            slurm.expand_hostlist(bad)
+
+
+def test_slurm_placement_is_derived_and_what_the_user_gives_wins():
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_NODEID": "1", "SLURM_NTASKS": "2", "SLURM_GPUS_ON_NODE": "8"}
+    assert slurm.launch_options(step) == {"nproc_per_node": 8, "nnodes": 2, "node_rank": 1,
+                                          "rdzv_endpoint": "gpu07:29500", "rdzv_id": "slurm-77"}
+    given = slurm.launch_options(step, nproc_per_node=4, rdzv_endpoint="head:1234", rdzv_port=9)
+    assert given["nproc_per_node"] == 4 and given["rdzv_endpoint"] == "head:1234" and given["node_rank"] == 1
+    assert slurm.run_name(step, None) == "slurm-77-node1" and slurm.run_name(step, "exp") == "exp-node1"
+    assert slurm.placement_env(step, 29600) == {
+        "MASTER_ADDR": "gpu07", "MASTER_PORT": "29600", "ENVKIT_NNODES": "2", "ENVKIT_NODE_RANK": "1",
+        "ENVKIT_RDZV_ENDPOINT": "gpu07:29600", "ENVKIT_RDZV_ID": "slurm-77"}
+    batch_script = {k: v for k, v in step.items() if k != "SLURM_STEP_ID"}  # sbatch's shell, not an srun step
+    assert slurm.placement(batch_script) is None and slurm.run_name(batch_script, None) is None
+    assert slurm.placement_env(batch_script) == {}
+    with pytest.raises(RunError, match="one per node"):
+        slurm.placement(step | {"SLURM_NTASKS": "16"})
+
+
+@pytest.mark.e2e
+def test_two_srun_tasks_train_together_with_no_node_option_typed(cpu_venv, warm_cache_root, tmp_path):
+    """Two processes as `srun --nodes 2 --ntasks-per-node 1 envkit train` starts them (loopback hosts), one runs
+    dir as on a shared file system: they meet at the first host, one drafter, a run dir per node."""
+    import shutil
+    import socket
+
+    cache = tmp_path / "cache"
+    shutil.copytree(warm_cache_root, cache, symlinks=True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "short.json"
+    config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 8, "eval_every": 0,
+                                  "data": {"num_sequences": 32, "eval_sequences": 4}}))
+    procs = []
+    for node in (0, 1):
+        env = dict(os.environ, ENVKIT_CACHE_DIR=str(cache), ENVKIT_HOME=str(tmp_path / f"home{node}"),
+                   OMP_NUM_THREADS="1", SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_JOB_NODELIST="127.0.0.[1-2]",
+                   SLURM_JOB_NUM_NODES="2", SLURM_NODEID=str(node), SLURM_PROCID=str(node), SLURM_NTASKS="2",
+                   SLURM_LOCALID="0")
+        procs.append(subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), "--config",
+                                       str(config), "--rdzv-port", str(port), "--", "--steps", "4"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outputs = [proc.communicate(timeout=900) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], [err[-3000:] for _out, err in outputs]
+    runs = Path(os.environ["ENVKIT_RUNS_DIR"])
+    records = [record(runs, f"slurm-4242-node{node}") for node in (0, 1)]
+    assert {r["node"]["group_rank"] for r in records} == {0, 1} and {r["node"]["nnodes"] for r in records} == {2}
+    assert all(f"127.0.0.1:{port}" in r["command"] for r in records)
+    [summary] = [json.loads((runs / f"slurm-4242-node{n}" / "summary.json").read_text()) for n in (0, 1)
+                 if (runs / f"slurm-4242-node{n}" / "summary.json").exists()]
+    assert summary["world_size"] == 2 and summary["steps"] == 4

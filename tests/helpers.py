@@ -1,0 +1,81 @@
+"""What every test file shares: where the project is, envkit and the trainer run as real processes, a lock
+profile written from requirements, and tiny pure-Python wheels built on the spot (installs are real and need no
+network). Fixtures live in conftest.py; everything importable lives here."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent  # tests/helpers.py -> the project
+
+
+def run_envkit(*args: str, env: dict | None = None, check: bool = False, timeout: float = 600,
+               cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """envkit as a user runs it: a real process."""
+    proc = subprocess.run([sys.executable, "-m", "envkit", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"envkit {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_json(*args: str, **kwargs) -> dict:
+    return json.loads(run_envkit(*args, "--json", **kwargs).stdout)
+
+
+def run_trainer(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m trainer` as envkit starts it: a real process, from the project."""
+    return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, cwd=PROJECT,
+                          timeout=timeout, **kwargs)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The `Error:` line of a refused command, after checking it exited 1 without a traceback."""
+    assert proc.returncode == 1, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("Error: ")]
+    assert lines, proc.stderr[-2000:]
+    return lines[0]
+
+
+def write_profile(path: Path, requirements: list[str], name: str = "ekt") -> Path:
+    path.write_text(
+        "[profile]\n"
+        f'name = "{name}"\n'
+        'description = "test profile"\n'
+        f'python = "{sys.version_info.major}.{sys.version_info.minor}"\n'
+        f"requirements = {json.dumps(requirements)}\n"
+    )
+    return path
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def build_wheel(dest: Path, name: str, version: str, *, requires: tuple[str, ...] = (),
+                files: dict[str, str] | None = None) -> Path:
+    """Write `name-version-py3-none-any.whl` with a module of the same name and a valid RECORD."""
+    module = name.replace("-", "_")
+    dist_info = f"{module}-{version}.dist-info"
+    contents = dict(files or {f"{module}/__init__.py": f"VERSION = {version!r}\n"})
+    contents[f"{dist_info}/METADATA"] = "".join(
+        ["Metadata-Version: 2.1\n", f"Name: {name}\n", f"Version: {version}\n"]
+        + [f"Requires-Dist: {r}\n" for r in requires])
+    contents[f"{dist_info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: envkit-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = [f"{path},{_record_hash(text.encode())},{len(text.encode())}" for path, text in contents.items()]
+    record.append(f"{dist_info}/RECORD,,")
+    contents[f"{dist_info}/RECORD"] = "\n".join(record) + "\n"
+    dest.mkdir(parents=True, exist_ok=True)
+    wheel = dest / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in contents.items():
+            # A fixed timestamp makes equal content give an equal wheel hash.
+            archive.writestr(zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0)), text)
+    return wheel

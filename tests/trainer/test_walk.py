@@ -1,0 +1,57 @@
+"""The decoding walk with the target's KV cache (issue 30): what it verifies is what full forwards verify."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainer.config.schema import tiny  # noqa: E402
+from trainer.eval import walk  # noqa: E402
+from trainer.model.target import build_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_target(tiny().target).eval()
+
+
+def full_forward_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(new_tokens):
+        tokens.append(int(model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax()))
+    return tokens[len(prompt):]
+
+
+@torch.no_grad()
+def test_cached_greedy_decoding_and_walks_match_full_forwards(target):
+    prompt = torch.randint(0, 500, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    greedy, logits = walk.greedy_continuation(target, prompt, 40)
+    assert greedy == full_forward_greedy(target, prompt, 40) and len(logits) == 40
+    for propose in (walk.copy_proposer(8), walk.repeat_proposer(8)):
+        walked, per_forward = walk.walk(target, propose, prompt, 40, 8, [1, 2])
+        # The verified walk (cache, crops after each rejection) accepts exactly what the rule's walk against
+        # the greedy continuation accepts: no cached position of a rejected draft leaks into a later forward.
+        assert walked == greedy and per_forward == walk.rule_walk(propose, prompt, greedy, 40)
+
+    def oracle(tokens, context):  # drafts the continuation itself: every slot accepted
+        assert context.shape[1] == len(tokens) - 1  # the states of every position before the anchor
+        done = len(tokens) - len(prompt)
+        return (greedy + [0] * 8)[done:done + 7]
+
+    walked, per_forward = walk.walk(target, oracle, prompt, 40, 8, [1, 2])
+    assert walked == greedy and per_forward == [8, 8, 8, 8, 7]
+
+
+@torch.no_grad()
+def test_a_wrong_draft_is_cropped_from_the_cache(target):
+    prompt = torch.randint(0, 500, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    greedy, _ = walk.greedy_continuation(target, prompt, 24)
+
+    def half_right(tokens, context):  # the first three slots right, then garbage the target must reject
+        done = len(tokens) - len(prompt)
+        right = (greedy + [0] * 8)[done:done + 3]
+        return right + [(t + 7) % 500 for t in (greedy + [0] * 8)[done + 3:done + 7]]
+
+    walked, per_forward = walk.walk(target, half_right, prompt, 24, 8, [1, 2])
+    assert walked == greedy and per_forward[:-1] == [4] * (len(per_forward) - 1)

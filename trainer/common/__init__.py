@@ -1,0 +1,1 @@
+"""torch-free pieces envkit imports too: errors, atomic files and records, child processes, the metrics rows, the mitigations table."""

@@ -1,0 +1,89 @@
+"""The text every machine has: the running interpreter's standard-library sources, split by file.
+
+No weights or data sets can be downloaded where envkit trains, but the standard library's Python files
+are real code written by people. A file is held out when the first byte of the sha256 of its relative
+path is below HELD_OUT_BYTES: deterministic, disjoint by construction, and the same on every machine
+with the same Python. Torch-free: `describe` and the tests read it without starting torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.common.errors import TrainerInputError
+
+# Directories of the stdlib that are not the library itself (tests, demos, bundled installers, GUI)
+# or not ours at all (site-packages holds whatever the machine installed).
+SKIPPED_DIRS = frozenset({"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "lib2to3",
+                          "tkinter", "turtledemo", "ensurepip", "pydoc_data"})
+HELD_OUT_BYTES = 26  # of 256: about 10% of the files
+MAX_FILE_BYTES = 512 * 1024  # a generated table, not code someone wrote
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    relpath: str  # relative to the stdlib root, '/'-separated
+    path: Path
+    held_out: bool
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_held_out(relpath: str) -> bool:
+    return hashlib.sha256(relpath.encode()).digest()[0] < HELD_OUT_BYTES
+
+
+def files(root: Path | None = None) -> list[CorpusFile]:
+    """Every corpus file in a stable order (sorted relative paths); regular files only, links not followed."""
+    root = root or stdlib_root()
+    found = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if set(rel.parts[:-1]) & SKIPPED_DIRS or path.is_symlink() or not path.is_file():
+            continue
+        if path.stat().st_size > MAX_FILE_BYTES:
+            continue
+        relpath = rel.as_posix()
+        found.append(CorpusFile(relpath, path, is_held_out(relpath)))
+    return sorted(found, key=lambda f: f.relpath)
+
+
+def read(file: CorpusFile) -> str:
+    return file.path.read_bytes().decode("utf-8", errors="replace")
+
+
+def digest(corpus: list[CorpusFile]) -> str:
+    """What a target trained on this corpus depends on: every file's path and content."""
+    whole = hashlib.sha256()
+    for file in corpus:
+        whole.update(f"{file.relpath}\0{hashlib.sha256(file.path.read_bytes()).hexdigest()}\n".encode())
+    return whole.hexdigest()
+
+
+def prompts(tokenizer, held_out: bool, count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` windows of `length` tokens cut from the training files (or the held-out ones) at random
+    places, reproducibly for a seed: what the target continues to make the drafter's data."""
+    import random
+
+    chosen = [f for f in files() if f.held_out == held_out]
+    rng = random.Random(seed)
+    tokenized: dict[str, list[int]] = {}
+    out: list[list[int]] = []
+    for _ in range(count * 20):  # files shorter than a window are drawn again
+        if len(out) == count:
+            break
+        file = rng.choice(chosen)
+        if file.relpath not in tokenized:
+            tokenized[file.relpath] = tokenizer(read(file), add_special_tokens=False)["input_ids"]
+        ids = tokenized[file.relpath]
+        if len(ids) > length:
+            start = rng.randrange(len(ids) - length)
+            out.append(ids[start:start + length])
+    if len(out) < count:
+        raise TrainerInputError(f"the corpus has too few files longer than {length} tokens; lower data.prompt_len")
+    return out

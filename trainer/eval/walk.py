@@ -1,0 +1,236 @@
+"""Acceptance length by a greedy speculative decoding walk, as a serving engine measures it.
+
+Per step, a proposer drafts block slots 1..B-1 after the anchor (the last accepted token); the target
+verifies the block in one forward; the accepted prefix plus the target's own next token are kept.
+tau of a prompt = mean of (accepted + 1) per target forward; the figure = mean of per-prompt taus (as
+the reference `dflash` reports it). The same walk runs the two rules that learn nothing. Every walk
+must reproduce the target's own greedy continuation: a mismatch is a bug, except at a near-tie of the
+target's two best logits, where two forwards of different length may round apart.
+
+The rules' drafts depend on the tokens alone, and a lossless walk's tokens are the greedy continuation,
+so a rule is walked against that continuation (`rule_walk`): the same accepted prefixes, without the
+verification forwards (they were 5 of every 6 target forwards of the walk).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trainer.eval.teacher_forced import copy_baseline
+from trainer.model.target import recorded_taps
+
+WALK_METHOD = "greedy speculative decoding walk: accepted + 1 per target forward, mean of per-prompt means"
+# A mismatch whose two candidates' target logits differ by less than this is rounding, not a bug.
+# A divergence at a near-tie is rounding, not a bug: the greedy pass and the verification pass run
+# different lengths, so different kernels and summation orders. Near means within an absolute floor or
+# within 8 units in the last place of the dtype at the logits' magnitude (an 8B bf16 target's logits
+# differ by 0.19 between the two passes on an H200; 8 ulps of bf16 at 20 is 0.6).
+NEAR_TIE = {torch.float32: 1e-3, torch.bfloat16: 0.1, torch.float16: 0.02}
+NEAR_TIE_ULPS = 8
+
+
+class LosslessError(RuntimeError):
+    """A speculative walk diverged from the target's greedy decoding: the drafter's verification is broken."""
+
+
+@dataclass
+class TargetPass:
+    logits: torch.Tensor  # (T, V) float, on the target's device
+    context: torch.Tensor  # (1, T, taps*H): tapped states, the drafter's context features
+
+
+class CachedTarget:
+    """The target decoding one sequence with its KV cache, as a serving engine verifies: each forward feeds
+    only the positions not yet cached, and a rejected draft's positions are cropped from the cache."""
+
+    def __init__(self, target, layer_ids: list[int]):
+        from transformers import DynamicCache  # the trainer's only use of transformers' cache classes
+
+        self.target, self.layer_ids = target, layer_ids
+        self.device = next(target.parameters()).device
+        self.cache = DynamicCache()
+        self.cached = 0  # positions in the cache
+
+    def feed(self, tokens: list[int] | torch.Tensor) -> TargetPass:
+        """Logits and tapped states of `tokens` (a list, or a (1, T) tensor already on the device), appended
+        after the cached positions."""
+        ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor([tokens], device=self.device)
+        with recorded_taps(self.target, self.layer_ids) as states:
+            out = self.target(input_ids=ids, past_key_values=self.cache, use_cache=True)
+            self.cached += ids.shape[1]
+            return TargetPass(out.logits[0].float(), states() if self.layer_ids else None)
+
+    def keep(self, positions: int) -> None:
+        """Forget every cached position from `positions` on (a rejected draft's)."""
+        if positions < self.cached:
+            self.cache.crop(positions)
+            self.cached = positions
+
+
+def greedy_continuation(target, prompt: list[int], new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The target's own greedy decoding (KV cache, one position a forward, tokens kept on the device) and
+    the logits behind each choice."""
+    decoder = CachedTarget(target, [])
+    logits = [decoder.feed(prompt).logits[-1]]
+    chosen = [logits[-1].argmax()]
+    for _ in range(new_tokens - 1):
+        logits.append(decoder.feed(chosen[-1].view(1, 1)).logits[-1])
+        chosen.append(logits[-1].argmax())
+    return torch.stack(chosen).tolist(), logits
+
+
+def repeat_proposer(block_size: int):
+    def propose(tokens: list[int], context: torch.Tensor) -> list[int]:
+        return [tokens[-1]] * (block_size - 1)
+
+    return propose
+
+
+def copy_proposer(block_size: int):
+    def propose(tokens: list[int], context: torch.Tensor) -> list[int]:
+        return copy_baseline(torch.tensor(tokens), len(tokens) - 1, block_size - 1).tolist()
+
+    return propose
+
+
+def drafter_proposer(drafter, attention, embed_weight: torch.Tensor, head_weight: torch.Tensor, mask_token_id: int,
+                     dtype: torch.dtype, zero_context: bool = False):
+    """Draft with the trainer's drafter: context = tapped states of every position before the anchor (zeros
+    for a drafter trained with drafter.context "zeros")."""
+    block_size = drafter.block_size
+
+    def propose(tokens: list[int], context: torch.Tensor) -> list[int]:
+        device = embed_weight.device
+        if zero_context:
+            context = torch.zeros_like(context)
+        anchor = len(tokens) - 1
+        block = torch.tensor([[tokens[-1]] + [mask_token_id] * (block_size - 1)], device=device)  # (1, bs)
+        anchors = torch.tensor([[anchor]], device=device)  # (1, 1)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            hidden = drafter(context[:, :anchor].to(device, dtype), F.embedding(block, embed_weight).float(), anchors,
+                             attention)  # (1, bs, H)
+            logits = hidden[0, 1:] @ head_weight.t()  # (bs-1, V)
+        return logits.argmax(-1).tolist()
+
+    return propose
+
+
+@dataclass
+class Forward:
+    """One verification forward of a walk: the drafted block, how much of it the target accepted, and the
+    token the target chose itself after the accepted prefix."""
+    draft: list[int]
+    accepted: int
+    target_token: int
+
+
+@torch.no_grad()
+def walk(target, propose, prompt: list[int], new_tokens: int, block_size: int,
+         layer_ids: list[int], trace: list[Forward] | None = None) -> tuple[list[int], list[int]]:
+    """One prompt's walk: -> (accepted + 1) per target forward, each forward appended to `trace` when given.
+    The target keeps a KV cache: a verification forward feeds the anchor and the draft only."""
+    decoder = CachedTarget(target, layer_ids)
+    first = decoder.feed(prompt)
+    tokens = list(prompt) + [int(first.logits[-1].argmax())]
+    context = first.context  # the tapped states of every position before the anchor (the last token, not yet fed)
+    per_forward = []
+    while len(tokens) - len(prompt) < new_tokens:
+        draft = propose(tokens, context)
+        anchor = len(tokens) - 1
+        verified = decoder.feed([tokens[-1]] + [max(t, 0) for t in draft])  # an unknown slot (-1) never matches
+        posterior = verified.logits.argmax(-1).tolist()  # (bs,) the target's choice after each slot
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == posterior[accepted]:
+            accepted += 1
+        room = new_tokens - (len(tokens) - len(prompt))
+        produced = min(accepted + 1, room)
+        tokens += (draft[:accepted] + [posterior[accepted]])[:produced]
+        per_forward.append(produced)
+        if trace is not None:
+            trace.append(Forward(draft, accepted, posterior[accepted]))
+        # Causal: the anchor's and the accepted slots' states and cache entries are exact; the rest is dropped.
+        kept = len(tokens) - 1 - anchor
+        context = torch.cat([context, verified.context[:, :kept]], dim=1)
+        decoder.keep(anchor + kept)
+    return tokens[len(prompt):len(prompt) + new_tokens], per_forward
+
+
+def near_tie(logits: torch.Tensor, dtype) -> float:
+    """The largest logit gap that rounding in `dtype` can explain, for logits of this magnitude."""
+    ulp = torch.finfo(dtype).eps * float(logits.abs().max())
+    return max(NEAR_TIE.get(dtype, 1e-3), NEAR_TIE_ULPS * ulp)
+
+
+def check_lossless(walked: list[int], greedy: list[int], logits: list[torch.Tensor], dtype) -> bool:
+    """True when identical; False at a near-tie (counted); raises LosslessError on a real divergence."""
+    for index, (got, want) in enumerate(zip(walked, greedy)):
+        if got != want:
+            gap = float(logits[index][want] - logits[index][got])
+            if gap <= near_tie(logits[index], dtype):
+                return False
+            raise LosslessError(f"speculative walk diverged from greedy decoding at new token {index}: {got} != "
+                                f"{want} (logit gap {gap:.4g}); the drafter's verification path is broken")
+    return True
+
+
+def rule_walk(propose, prompt: list[int], greedy: list[int], new_tokens: int) -> list[int]:
+    """A rule's walk against the target's greedy continuation -> (accepted + 1) per target forward. A draft
+    slot is accepted while the draft so far equals the continuation: the target would verify exactly that."""
+    tokens, done, per_forward = list(prompt) + greedy[:1], 1, []
+    while done < new_tokens:
+        draft = propose(tokens, None)
+        accepted = 0
+        while accepted < len(draft) and done + accepted < new_tokens and draft[accepted] == greedy[done + accepted]:
+            accepted += 1
+        produced = min(accepted + 1, new_tokens - done)
+        tokens += greedy[done:done + produced]
+        done += produced
+        per_forward.append(produced)
+    return per_forward
+
+
+def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, block_size: int,
+                  layer_ids: list[int], dtype=torch.float32) -> dict:
+    """Walk tau of the drafter (verified by the target, checked lossless) and of the two rules, over the
+    same prompts."""
+    rules = {"repeat": repeat_proposer(block_size), "copy": copy_proposer(block_size)}
+    per_prompt = {name: [] for name in ("drafter", *rules)}
+    near_ties = 0
+    for prompt in prompts:
+        greedy, logits = greedy_continuation(target, prompt, new_tokens)
+        walked, per_forward = walk(target, drafter, prompt, new_tokens, block_size, layer_ids)
+        if not check_lossless(walked, greedy, logits, dtype):
+            near_ties += 1
+        # A near-tie walk differs from the greedy continuation past the tie: the rules then follow the walk's
+        # tokens, which the target verified.
+        for name, propose in rules.items():
+            per_forward_rule = rule_walk(propose, prompt, walked, new_tokens)
+            per_prompt[name].append(sum(per_forward_rule) / len(per_forward_rule) if per_forward_rule else 1.0)
+        per_prompt["drafter"].append(sum(per_forward) / len(per_forward) if per_forward else 1.0)
+
+    def mean(values):
+        return round(sum(values) / len(values), 4) if values else 0.0
+
+    return {"walk_tau": mean(per_prompt["drafter"]), "walk_repeat_tau": mean(per_prompt["repeat"]),
+            "walk_copy_tau": mean(per_prompt["copy"]), "walk_prompts": len(prompts), "walk_new_tokens": new_tokens,
+            "walk_near_ties": near_ties, "walk_method": WALK_METHOD,
+            "walk_tau_by_prompt": [round(tau, 3) for tau in per_prompt["drafter"]]}
+
+
+def render_example(tokenizer, prompt: list[int], trace: list[Forward], limit: int = 12) -> list[str]:
+    """A walk as a person reads it: per target forward, the drafted tokens the target accepted, those it
+    rejected, and its own next token. Text is shown as Python literals, so nothing reaches a terminal raw."""
+    def text(ids: list[int]) -> str:
+        return repr(tokenizer.decode([max(i, 0) for i in ids]))
+
+    lines = [f"prompt {text(prompt[-24:])}"]
+    for index, step in enumerate(trace[:limit], 1):
+        rejected = step.draft[step.accepted:]
+        lines.append(f"forward {index:2d}: accepted {text(step.draft[:step.accepted]):<28} rejected "
+                     f"{text(rejected):<28} target {text([step.target_token])}")
+    if len(trace) > limit:
+        lines.append(f"... {len(trace) - limit} more forwards")
+    return lines

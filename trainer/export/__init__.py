@@ -1,0 +1,1 @@
+"""The drafter handed to serving engines: the DFlash format and its model card."""

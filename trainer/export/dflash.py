@@ -1,0 +1,251 @@
+"""Export a checkpoint to the DFlash serving format that SGLang, vLLM and the reference `dflash` load.
+
+DIR/config.json      a Qwen3 config of the drafter with `architectures: ["DFlashDraftModel"]` and `dflash_config`
+DIR/model.safetensors the drafter's weights under the reference's parameter names (no embedding, no LM head)
+DIR/target/          for a random or recipe-built target (presets): the frozen target exactly as trained
+                     against, with the run's tokenizer when it had one
+DIR/README.md        the model card: target, data, training, walk figures, how to serve it (trainer/export/modelcard.py)
+DIR/envkit-export.json what was exported from where (training config, chat template kwargs, digests)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import torch
+
+from trainer.common.errors import TrainerInputError
+from trainer.common.files import file_sha256, read_json_record
+from trainer.config.schema import TrainConfig
+from trainer.export import modelcard
+from trainer.model.target import build_target, same_checksum, target_dir, weights_checksum
+from trainer.targets import maketarget
+from trainer.train import checkpoint
+
+EXPORT_MANIFEST = "envkit-export.json"
+
+# Trainer parameter name (within layers.N.) -> the reference's.
+LAYER_NAMES = {
+    "input_norm.weight": "input_layernorm.weight",
+    "post_norm.weight": "post_attention_layernorm.weight",
+    **{f"{p}_proj.weight": f"self_attn.{p}_proj.weight" for p in "qkvo"},
+    **{f"{p}_norm.weight": f"self_attn.{p}_norm.weight" for p in "qk"},
+    **{f"{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+}
+TOP_NAMES = {"fuse.weight": "fc.weight", "fuse_norm.weight": "hidden_norm.weight", "final_norm.weight": "norm.weight"}
+
+
+def serving_name(name: str) -> str:
+    if name in TOP_NAMES:
+        return TOP_NAMES[name]
+    prefix, index, rest = (name.split(".", 2) + ["", ""])[:3]
+    if prefix != "layers" or not index.isdigit() or rest not in LAYER_NAMES:
+        raise TrainerInputError(f"drafter parameter {name[:80]!r} has no DFlash serving name; the checkpoint is not "
+                                f"a drafter of this trainer")
+    return f"layers.{index}.{LAYER_NAMES[rest]}"
+
+
+def serving_state_dict(drafter_state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {serving_name(name): tensor.detach().to("cpu", dtype).contiguous() for name, tensor in drafter_state.items()}
+
+
+def drafter_config(cfg: TrainConfig, layer_ids: list[int], mask_token_id: int, dtype: str,
+                   chat_template_kwargs: dict | None) -> dict:
+    """config.json: the drafter as a Qwen3 model, the target's attention geometry, and dflash_config."""
+    target, drafter = cfg.target, cfg.drafter
+    rope = {"rope_type": "default", "rope_theta": target.rope_theta}
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": target.vocab_size,
+        "hidden_size": target.hidden_size,
+        "intermediate_size": drafter.intermediate_size or target.intermediate_size,
+        "num_hidden_layers": drafter.num_layers,
+        "num_attention_heads": target.num_heads,
+        "num_key_value_heads": target.num_kv_heads,
+        "head_dim": target.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "rope_parameters": rope,
+        "rope_theta": target.rope_theta,  # readers older than transformers 5 take theta from here
+        "rope_scaling": None,
+        "max_position_embeddings": target.max_position_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "layer_types": ["full_attention"] * drafter.num_layers,
+        "dtype": dtype,
+        "num_target_layers": target.num_layers,
+        "block_size": drafter.block_size,
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(layer_ids),
+                          "block_size": drafter.block_size},
+        # How the training data was rendered: serve with the same template kwargs (e.g. enable_thinking).
+        "chat_template_kwargs": chat_template_kwargs,
+    }
+
+
+def _rebuild_target(cfg: TrainConfig, recorded: dict) -> torch.nn.Module:
+    """The random target, rebuilt on the device type and dtype it was trained with, checked by checksum."""
+    device_type, dtype = recorded["device_type"], getattr(torch, recorded["dtype"])
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise TrainerInputError("this drafter was trained against a random target initialised on CUDA; its "
+                                "weights can only be rebuilt there: export on a machine with a GPU")
+    model = build_target(cfg.target, device=device_type, dtype=dtype)
+    if not same_checksum(weights_checksum(model), recorded["checksum"]):
+        raise TrainerInputError("the rebuilt random target differs from the one the drafter was trained against "
+                                "(another torch version or device?); export with the run's venv on its machine")
+    return model.to("cpu")
+
+
+def _target_record(cfg: TrainConfig) -> dict | None:
+    """The build record of a recipe target (trainer/targets/maketarget.py), for the model card."""
+    if cfg.target.path or not cfg.target.recipe:
+        return None
+    return maketarget.read_manifest(Path(target_dir(cfg.target)))
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _not_replaceable(out: Path) -> str | None:
+    """Why `out` is not an export envkit wrote and nobody changed since, or None: its manifest must parse, and
+    every entry in it must be a regular file the manifest lists with the sha256 it recorded (a file a user
+    added or edited by hand is theirs: --force never deletes it)."""
+    manifest = read_json_record(out / EXPORT_MANIFEST)
+    files = manifest.get("files") if manifest else None
+    if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
+        return f"it has no readable {EXPORT_MANIFEST}: not an export made by envkit"
+    for directory, dirnames, filenames in os.walk(out):
+        for name in filenames + [d for d in dirnames if (Path(directory) / d).is_symlink()]:
+            path = Path(directory) / name
+            relative = str(path.relative_to(out))
+            if relative == EXPORT_MANIFEST:
+                continue
+            if relative not in files:
+                return f"it holds {relative!r}, which its {EXPORT_MANIFEST} does not list"
+            if not stat.S_ISREG(path.lstat().st_mode):
+                return f"{relative!r} is not a regular file"
+            if file_sha256(path) != files[relative]:
+                return f"{relative!r} was changed since the export (its sha256 differs from the recorded one)"
+    return None
+
+
+def _place(tmp: Path, out: Path, force: bool) -> None:
+    """Rename the finished export into place; --force swaps out a previous export only, and only when it holds
+    nothing but the files its manifest lists."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        out.rmdir()
+        os.replace(tmp, out)
+        return
+    check_out(out, force)
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def check_out(out: Path, force: bool) -> None:
+    """--out before any work: a real path (no link), in an existing dir, empty or (with --force) an export."""
+    if out.is_symlink():
+        raise TrainerInputError(f"--out {out} is a symlink; give the real path of the directory to write")
+    if not out.parent.is_dir():
+        raise TrainerInputError(f"{out.parent} does not exist; create it first or choose another --out")
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not force:
+        raise TrainerInputError(f"{out} exists and is not empty; choose another --out or pass --force to replace "
+                                f"a previous export")
+    problem = "it is not a directory" if not out.is_dir() else _not_replaceable(out)
+    if problem:
+        raise TrainerInputError(f"{str(out)!r} cannot be replaced, even with --force: {problem}; nothing was "
+                                f"changed: choose another --out, or move your files out of it")
+
+
+def _export_meta(state: dict, dtype: str | None) -> dict:
+    """The checkpoint's export record, checked as data: dtypes by name, the target identity's shape, and a
+    tokenizer that is a local directory (a hub name would make the export reach the network)."""
+    meta = state.get("export") or {}
+    if not isinstance(meta, dict):
+        raise TrainerInputError("the checkpoint's export record is not a mapping; the checkpoint is damaged")
+    weights_dtype = dtype or meta.get("dtype", "float32")
+    if weights_dtype not in DTYPES:
+        raise TrainerInputError(f"the checkpoint's dtype {str(weights_dtype)[:40]!r} is not one of {', '.join(DTYPES)}")
+    target = meta.get("target")
+    if target is not None and not (isinstance(target, dict) and target.get("device_type") in ("cpu", "cuda")
+                                   and target.get("dtype") in DTYPES and isinstance(target.get("checksum"), list)
+                                   and all(isinstance(x, float) for x in target["checksum"])):
+        raise TrainerInputError("the checkpoint's target identity is malformed; the checkpoint is damaged")
+    tokenizer = meta.get("tokenizer")
+    if tokenizer is not None and not (isinstance(tokenizer, str) and Path(tokenizer).is_absolute()
+                                      and Path(tokenizer).is_dir()):
+        raise TrainerInputError(f"the checkpoint's tokenizer {str(tokenizer)[:200]!r} is not a local directory; "
+                                f"export never fetches a tokenizer (copy it beside the export by hand)")
+    template = meta.get("chat_template_kwargs")
+    if template is not None and not isinstance(template, dict):
+        raise TrainerInputError("the checkpoint's chat_template_kwargs is not a mapping; the checkpoint is damaged")
+    return {"dtype": weights_dtype, "target": target, "tokenizer": tokenizer, "chat_template_kwargs": template}
+
+
+def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = None) -> dict:
+    """Write DIR atomically (a temporary sibling renamed into place); returns the manifest."""
+    from safetensors.torch import save_file
+
+    out = Path(out).absolute()
+    check_out(out, force)
+    state = checkpoint.load(Path(ckpt))
+    cfg = TrainConfig.from_dict(state["config"])
+    meta = _export_meta(state, dtype)
+    if not cfg.target.path and meta["target"] is None:
+        raise TrainerInputError("the checkpoint records no target identity for its random target; it cannot be "
+                                "rebuilt exactly: export a checkpoint this trainer wrote")
+    weights = serving_state_dict(state["drafter"], getattr(torch, meta["dtype"]))
+    expected = set(TOP_NAMES.values()) | {f"layers.{i}.{name}" for i in range(cfg.drafter.num_layers)
+                                          for name in LAYER_NAMES.values()}
+    if set(weights) != expected:
+        odd = sorted(expected ^ set(weights))[0]
+        raise TrainerInputError(f"the checkpoint's drafter weights do not match its config ({odd!r} missing or "
+                                f"extra); the checkpoint is damaged")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        config = drafter_config(cfg, state["layer_ids"], state["mask_token_id"], meta["dtype"],
+                                meta["chat_template_kwargs"])
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        target_dir = None
+        if not cfg.target.path:
+            target_dir = tmp / "target"
+            model = _rebuild_target(cfg, meta["target"])
+            model.config.architectures = [type(model).__name__]
+            model.save_pretrained(target_dir)
+        if meta["tokenizer"]:
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(meta["tokenizer"], local_files_only=True).save_pretrained(target_dir or tmp)
+        (tmp / "README.md").write_text(modelcard.render(
+            cfg, state["step"], state["layer_ids"], state["mask_token_id"], modelcard.read_summary(Path(ckpt).parent),
+            _target_record(cfg), meta["dtype"]))
+        manifest = {
+            "format": "dflash", "checkpoint": str(Path(ckpt).absolute()), "step": state["step"],
+            "target": "target/" if target_dir else cfg.target.path, "tokenizer": meta["tokenizer"],
+            "chat_template_kwargs": meta["chat_template_kwargs"], "training_config": cfg.to_dict(),
+            "files": {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
+        }
+        (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        follow_umask(tmp)
+        _place(tmp, out, force)
+    except BaseException:  # SIGTERM too: `python -m trainer export` turns it into an exception
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    target = str(out / "target") if manifest["target"] == "target/" else str(manifest["target"])
+    serve = modelcard.serve_commands(target, str(out), cfg.drafter.block_size)
+    return {**manifest, "out": str(out), "serve": serve}

@@ -1,0 +1,1 @@
+"""Measurement while training: compile health, FLOPs for MFU, TensorBoard scalars."""
