@@ -75,6 +75,24 @@ def tiny_run(tmp_path_factory, cpu_venv, warm_cache_root):
     return tmp / "runs" / "tiny", env, proc.stdout
 
 
+@pytest.fixture(scope="module")
+def checkpoint_path(tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "run")
+
+
+def tiny_checkpoint(run_dir: Path) -> Path:
+    pytest.importorskip("torch")
+    from trainer.config.schema import tiny
+    from trainer.train.loop import Trainer
+
+    cfg = tiny()
+    cfg.data.num_sequences, cfg.data.eval_sequences, cfg.data.buckets = 8, 2, [64]
+    cfg.steps, cfg.compile = 1, False
+    trainer = Trainer.sequential(cfg, run_dir, log=lambda m: None)
+    return trainer.save_checkpoint()
+
+
+
 # A test's tier follows from what it needs: the session's cpu venv, warm cache or trained runs make it e2e, a
 # venv built from the test wheelhouse makes it integration; an explicit mark wins. The rest is the unit tier.
 E2E_FIXTURES = {"cpu_venv", "warm_cache_root", "tiny_run", "code_run"}

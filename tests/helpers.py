@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -79,3 +80,54 @@ def build_wheel(dest: Path, name: str, version: str, *, requires: tuple[str, ...
             # A fixed timestamp makes equal content give an equal wheel hash.
             archive.writestr(zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0)), text)
     return wheel
+
+
+def plain_venv(path: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "uv", "venv", str(path), "-q"], check=True)
+    return path
+
+
+def site_packages(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def fake_dist_info(venv: Path, folder: str, metadata: str | None, record: str = "") -> Path:
+    dist_info = site_packages(venv) / folder
+    dist_info.mkdir()
+    if metadata is not None:
+        (dist_info / "METADATA").write_text(metadata)
+    (dist_info / "RECORD").write_text(record)
+    return dist_info
+
+
+def create_args(lock: Path, venv: Path, wheelhouse: Path, *extra: str) -> list[str]:
+    return ["create", "--lock", str(lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse), *extra]
+
+
+def booby_trapped_project(tmp_path: Path) -> tuple[Path, Path]:
+    """A local project whose build writes a marker: if any tool builds it, code from the venv ran."""
+    project, marker = tmp_path / "evil", tmp_path / "CODE-RAN"
+    project.mkdir()
+    (project / "setup.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                      "from setuptools import setup\nsetup(name='evil', version='1.0')\n")
+    return project, marker
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("Error:") or "Error:" in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, (needle, proc.stderr)
+
+
+def copy_root(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def fake_run(run_dir: Path, venv: str, **fields) -> Path:
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"name": run_dir.name, "status": "finished", "venv": venv, **fields}))
+    (run_dir / "checkpoint.pt").write_bytes(b"not read before the venv is trusted")
+    return run_dir

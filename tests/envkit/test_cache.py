@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_envkit, run_json
+from helpers import copy_root, run_envkit, run_json
 from trainer.config.schema import tiny
 
 pytestmark = pytest.mark.e2e
@@ -24,11 +23,6 @@ def cache_env(root: Path) -> dict:
 
 def warm_json(venv: Path, root: Path) -> dict:
     return json.loads(run_envkit("warm-cache", "--venv", str(venv), "--json", env=cache_env(root), check=True).stdout)
-
-
-def copy_root(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst, symlinks=True)
-    return dst
 
 
 def test_first_warm_misses_second_hits_with_same_fingerprint(cpu_venv, warm_cache_root):

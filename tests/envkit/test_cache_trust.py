@@ -7,7 +7,6 @@ import json
 import os
 import pickle
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,18 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import one_line_error, run_envkit
+from helpers import copy_root, one_line_error, plain_venv, run_envkit
 
 pytestmark = pytest.mark.e2e
 
 
 def cache_env(root: Path, **extra) -> dict:
     return dict(os.environ, ENVKIT_CACHE_DIR=str(root), **extra)
-
-
-def copy_root(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst, symlinks=True)
-    return dst
 
 
 def env_key_dir(root: Path) -> Path:
@@ -263,11 +257,6 @@ def test_a_killed_warm_cache_takes_its_warmup_child_with_it(cpu_venv, tmp_path):
     while time.monotonic() < deadline and any(pid in _children_running("trainer\0warmup") for pid in children):
         time.sleep(0.2)
     assert not any(pid in _children_running("trainer\0warmup") for pid in children)
-
-
-def plain_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "uv", "venv", str(path), "-q"], check=True)
-    return path
 
 
 # -- reads that must not block ------------------------------------------------------------------------------

@@ -11,11 +11,7 @@ from pathlib import Path
 import pytest
 
 from envkit import profile as profiles
-from helpers import build_wheel, run_envkit, run_json, write_profile
-
-
-def create_args(lock: Path, venv: Path, wheelhouse: Path, *extra: str) -> list[str]:
-    return ["create", "--lock", str(lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse), *extra]
+from helpers import assert_clean_error, build_wheel, create_args, run_envkit, run_json, write_profile
 
 
 def venv_import(venv: Path, module: str) -> str:
@@ -168,14 +164,6 @@ def test_real_cpu_profile_imports_torch_and_transformers(cpu_venv):
     assert subprocess.run([str(cpu_venv / "bin" / "torchrun"), "--help"], capture_output=True).returncode == 0
 
 
-def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("Error:") or "Error:" in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, (needle, proc.stderr)
-
-
 def test_pip_conf_find_links_is_a_wheelhouse(tmp_path, wheelhouse, monkeypatch):
     """A cluster that configures pip, not uv: create finds the wheelhouse through pip's own config file."""
     conf = tmp_path / "pip.conf"
@@ -185,10 +173,10 @@ def test_pip_conf_find_links_is_a_wheelhouse(tmp_path, wheelhouse, monkeypatch):
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     lock = write_profile(tmp_path / "p.toml", ["ekt-gamma==1.0"])
     run_envkit("lock", "--lock", str(lock), "--no-index", check=True)  # no --find-links anywhere
-    result = run_json(*create_args(lock, tmp_path / "venv"), check=True)
+    result = run_json("create", "--lock", str(lock), "--venv", str(tmp_path / "venv"), "--no-index", check=True)
     assert result["action"] == "created" and result["packages"] == 1
     monkeypatch.setenv("PIP_CONFIG_FILE", str(tmp_path / "empty.conf"))
-    proc = run_envkit(*create_args(lock, tmp_path / "venv2"))
+    proc = run_envkit("create", "--lock", str(lock), "--venv", str(tmp_path / "venv2"), "--no-index")
     assert proc.returncode == 1 and "ekt-gamma" in proc.stderr  # without the config, no source has it
 
 
@@ -211,7 +199,7 @@ def test_a_wheelhouse_torch_is_the_source_of_torch(tmp_path, monkeypatch):
     assert "--torch-backend" in source_args(profile, [], offline=False, no_index=True)
     assert "--torch-backend" not in source_args(profile, [str(house)], offline=False, no_index=True)
     venv = tmp_path / "venv"
-    run_envkit(*create_args(lock, venv, "--find-links", str(house)), check=True)
+    run_envkit(*create_args(lock, venv, house), check=True)
     assert (next((venv / "lib").glob("python3*/site-packages")) / "torch" / "__init__.py").read_text() == \
         "VERSION = '2.13.0'\n"
 

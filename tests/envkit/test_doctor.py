@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import build_wheel, one_line_error, run_envkit, write_profile
+from helpers import (booby_trapped_project, build_wheel, create_args, fake_dist_info, one_line_error, plain_venv,
+                     run_envkit, site_packages, write_profile)
 
 
 @pytest.fixture(scope="session")
@@ -40,10 +41,6 @@ def clean_venv(tmp_path, doctor_wheelhouse, monkeypatch) -> Path:
 def uv_pip(venv: Path, *args: str) -> None:
     subprocess.run([sys.executable, "-m", "uv", "pip", *args, "--python", str(venv / "bin" / "python")],
                    check=True, capture_output=True)
-
-
-def site_packages(venv: Path) -> Path:
-    return next((venv / "lib").glob("python3*/site-packages"))
 
 
 def pollute(venv: Path, wheelhouse: Path, tmp_path: Path) -> dict[str, str]:
@@ -269,15 +266,11 @@ def test_adopting_the_cpu_venv_reproduces_it(cpu_venv, tmp_path):
     assert _record_digests(rebuilt) == _record_digests(cpu_venv)
 
 
-def create_args(lock: Path, venv: Path, *extra: str) -> list[str]:
-    return ["create", "--lock", str(lock), "--venv", str(venv), "--no-index", *extra]
-
-
 def venv_and_doctor(tmp_path, test_lock, wheelhouse, monkeypatch):
     """A venv of the test lock (its own uv cache, so edits stay in it), and doctor's files.modified subjects."""
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     venv = tmp_path / "env"
-    run_envkit(*create_args(test_lock, venv, "--find-links", str(wheelhouse)), check=True)
+    run_envkit(*create_args(test_lock, venv, wheelhouse), check=True)
 
     def modified() -> list[str]:
         report = json.loads(run_envkit("doctor", "--venv", str(venv), "--json").stdout)
@@ -286,35 +279,12 @@ def venv_and_doctor(tmp_path, test_lock, wheelhouse, monkeypatch):
     return venv, modified
 
 
-def plain_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "uv", "venv", str(path), "-q"], check=True)
-    return path
-
-
-def booby_trapped_project(tmp_path: Path) -> tuple[Path, Path]:
-    """A local project whose build writes a marker: if any tool builds it, code from the venv ran."""
-    project, marker = tmp_path / "evil", tmp_path / "CODE-RAN"
-    project.mkdir()
-    (project / "setup.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
-                                      "from setuptools import setup\nsetup(name='evil', version='1.0')\n")
-    return project, marker
-
-
-def fake_dist_info(venv: Path, folder: str, metadata: str | None, record: str = "") -> Path:
-    dist_info = site_packages(venv) / folder
-    dist_info.mkdir()
-    if metadata is not None:
-        (dist_info / "METADATA").write_text(metadata)
-    (dist_info / "RECORD").write_text(record)
-    return dist_info
-
-
 ESC = "\x1b"
 
 
 def test_ld_library_path_outside_the_venv_with_cuda_libraries_is_a_leak(tmp_path, test_lock, wheelhouse):
     venv = tmp_path / "env"
-    run_envkit(*create_args(test_lock, venv, "--find-links", str(wheelhouse)), check=True)
+    run_envkit(*create_args(test_lock, venv, wheelhouse), check=True)
     cuda = tmp_path / "cuda-12" / "lib64"
     cuda.mkdir(parents=True)
     (cuda / "libcudart.so.12").write_bytes(b"")

@@ -17,12 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_envkit, write_profile
-
-
-def plain_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "uv", "venv", str(path), "-q"], check=True)
-    return path
+from helpers import fake_dist_info, plain_venv, run_envkit, site_packages, write_profile
 
 
 def own_site_packages(venv: Path) -> Path:
@@ -190,19 +185,6 @@ def test_a_fifo_where_doctor_reads_never_hangs_it(tmp_path, name):
     assert "Traceback" not in proc.stderr
     if name == "envkit.json":
         assert proc.returncode == 1 and proc.stderr.startswith("Error: ") and "envkit.json" in proc.stderr
-
-
-def site_packages(venv: Path) -> Path:
-    return next((venv / "lib").glob("python3*/site-packages"))
-
-
-def fake_dist_info(venv: Path, folder: str, metadata: str | None, record: str = "") -> Path:
-    dist_info = site_packages(venv) / folder
-    dist_info.mkdir()
-    if metadata is not None:
-        (dist_info / "METADATA").write_text(metadata)
-    (dist_info / "RECORD").write_text(record)
-    return dist_info
 
 
 # -- hangs ---------------------------------------------------------------------------------------

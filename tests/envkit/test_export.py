@@ -14,14 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROJECT, one_line_error, run_envkit, run_trainer
-
-
-def fake_run(run_dir: Path, venv: str, **fields) -> Path:
-    run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps({"name": run_dir.name, "status": "finished", "venv": venv, **fields}))
-    (run_dir / "checkpoint.pt").write_bytes(b"not read before the venv is trusted")
-    return run_dir
+from helpers import PROJECT, fake_run, one_line_error, run_envkit, run_trainer
 
 
 def interpreter_that_leaves_a_marker(venv: Path, marker: Path) -> None:
@@ -32,22 +25,7 @@ def interpreter_that_leaves_a_marker(venv: Path, marker: Path) -> None:
     (venv / "envkit.json").write_text(json.dumps({"profile": "cpu", "lock_digest": "0" * 64, "python": "3.11"}))
 
 
-@pytest.fixture(scope="module")
-def checkpoint_path(tmp_path_factory) -> Path:
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "run")
-
-
 # -- deletion ------------------------------------------------------------------------------------
-def tiny_checkpoint(run_dir: Path) -> Path:
-    pytest.importorskip("torch")
-    from trainer.config.schema import tiny
-    from trainer.train.loop import Trainer
-
-    cfg = tiny()
-    cfg.data.num_sequences, cfg.data.eval_sequences, cfg.data.buckets = 8, 2, [64]
-    cfg.steps, cfg.compile = 1, False
-    trainer = Trainer.sequential(cfg, run_dir, log=lambda m: None)
-    return trainer.save_checkpoint()
 
 
 @pytest.fixture(scope="module")

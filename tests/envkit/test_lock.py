@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from envkit import profile as profiles
-from helpers import one_line_error, run_envkit
+from helpers import (assert_clean_error, booby_trapped_project, create_args, fake_dist_info, one_line_error,
+                     plain_venv, run_envkit)
 
 
 def test_lock_pins_requirements_and_dependencies_with_hashes(test_lock, wheelhouse):
@@ -161,45 +162,6 @@ def test_cli_import_stays_light():
     code = "import sys, envkit.cli; print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
-
-
-def create_args(lock: Path, venv: Path, wheelhouse: Path, *extra: str) -> list[str]:
-    return ["create", "--lock", str(lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse), *extra]
-
-
-def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("Error:") or "Error:" in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, (needle, proc.stderr)
-
-
-def plain_venv(path: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "uv", "venv", str(path), "-q"], check=True)
-    return path
-
-
-def booby_trapped_project(tmp_path: Path) -> tuple[Path, Path]:
-    """A local project whose build writes a marker: if any tool builds it, code from the venv ran."""
-    project, marker = tmp_path / "evil", tmp_path / "CODE-RAN"
-    project.mkdir()
-    (project / "setup.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
-                                      "from setuptools import setup\nsetup(name='evil', version='1.0')\n")
-    return project, marker
-
-
-def fake_dist_info(venv: Path, folder: str, metadata: str | None, record: str = "") -> Path:
-    dist_info = site_packages(venv) / folder
-    dist_info.mkdir()
-    if metadata is not None:
-        (dist_info / "METADATA").write_text(metadata)
-    (dist_info / "RECORD").write_text(record)
-    return dist_info
-
-
-def site_packages(venv: Path) -> Path:
-    return next((venv / "lib").glob("python3*/site-packages"))
 
 
 # -- the lock is data --------------------------------------------------------------------------------

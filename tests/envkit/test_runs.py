@@ -9,11 +9,10 @@ import shutil
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import one_line_error, run_envkit, run_json, run_trainer
+from helpers import assert_clean_error, fake_run, one_line_error, run_envkit, run_json, run_trainer
 
 
 # -- run state is always true ------------------------------------------------------------------------
@@ -21,21 +20,6 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
-
-
-def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("Error:") or "Error:" in proc.stderr, proc.stderr
-    for needle in needles:
-        assert needle in proc.stderr, (needle, proc.stderr)
-
-
-def fake_run(run_dir: Path, venv: str, **fields) -> Path:
-    run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps({"name": run_dir.name, "status": "finished", "venv": venv, **fields}))
-    (run_dir / "checkpoint.pt").write_bytes(b"not read before the venv is trusted")
-    return run_dir
 
 
 ESC = "\x1b"

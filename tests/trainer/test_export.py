@@ -35,7 +35,6 @@ from trainer.train import checkpoint  # noqa: E402
 from trainer.train.loop import Trainer  # noqa: E402
 
 
-
 def small_trainer(out: Path, **overrides) -> Trainer:
     cfg = tiny()
     cfg.data.num_sequences, cfg.data.eval_sequences = 16, 4
@@ -264,22 +263,7 @@ def test_chat_template_kwargs_reach_the_data_and_a_rewriting_template_is_named(t
         load_jsonl(str(data), DataConfig(buckets=[64, 128]), 8, tokenizer)
 
 
-@pytest.fixture(scope="module")
-def checkpoint_path(tmp_path_factory) -> Path:
-    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "run")
-
-
 # -- deletion ------------------------------------------------------------------------------------
-def tiny_checkpoint(run_dir: Path) -> Path:
-    pytest.importorskip("torch")
-    from trainer.config.schema import tiny
-    from trainer.train.loop import Trainer
-
-    cfg = tiny()
-    cfg.data.num_sequences, cfg.data.eval_sequences, cfg.data.buckets = 8, 2, [64]
-    cfg.steps, cfg.compile = 1, False
-    trainer = Trainer.sequential(cfg, run_dir, log=lambda m: None)
-    return trainer.save_checkpoint()
 
 
 def test_export_dtype_writes_weights_in_that_dtype(tmp_path):

@@ -178,7 +178,8 @@ def test_qwen3_8b_shapes_on_meta():
     assert target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
 
 
-def run_trainer(*args, cwd=None) -> subprocess.CompletedProcess:
+def run_trainer_eager(*args, cwd=None) -> subprocess.CompletedProcess:
+    """The trainer with compile off for `train` (these tests check behaviour, not graphs), within 5 minutes."""
     args = (*args, "--no-compile") if args[0] == "train" else args
     return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, cwd=cwd or PROJECT,
                           timeout=300)
@@ -192,19 +193,19 @@ def write_jsonl(path: Path, rows: list) -> Path:
 def test_malformed_jsonl_names_file_and_line(tmp_path):
     good = {"input_ids": list(range(1, 40)), "loss_mask": [1] * 39}
     data = write_jsonl(tmp_path / "d.jsonl", [good, "{not json", good, {"input_ids": [1, 2]}] + [good] * 8)
-    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--steps", "1", "--data", str(data))
+    proc = run_trainer_eager("train", "--out", str(tmp_path / "o"), "--steps", "1", "--data", str(data))
     assert proc.returncode == 1 and f"{data}:2: malformed line" in proc.stderr and "--skip-bad" in proc.stderr
-    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--steps", "2", "--data", str(data), "--skip-bad")
+    proc = run_trainer_eager("train", "--out", str(tmp_path / "o"), "--steps", "2", "--data", str(data), "--skip-bad")
     assert proc.returncode == 0, proc.stderr
     assert "dropped 1 too short for one block" in proc.stdout and "1 malformed lines skipped" in proc.stdout
 
 
 def test_missing_paths_and_too_many_anchors(tmp_path):
-    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--target", str(tmp_path / "nope"))
+    proc = run_trainer_eager("train", "--out", str(tmp_path / "o"), "--target", str(tmp_path / "nope"))
     assert proc.returncode == 1 and "target path" in proc.stderr and "--target" in proc.stderr
-    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--data", str(tmp_path / "nope.jsonl"))
+    proc = run_trainer_eager("train", "--out", str(tmp_path / "o"), "--data", str(tmp_path / "nope.jsonl"))
     assert proc.returncode == 1 and "does not exist" in proc.stderr
-    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--num-anchors", "100000")
+    proc = run_trainer_eager("train", "--out", str(tmp_path / "o"), "--num-anchors", "100000")
     assert proc.returncode == 1 and "num_anchors 100000 exceeds" in proc.stderr
 
 
@@ -228,7 +229,7 @@ def test_tokenizer_without_mask_token(tmp_path):
     # Every embedding row is a text token: no row is left to serve as MASK.
     config = tmp_path / "full.json"
     config.write_text(json.dumps({"target": {"vocab_size": 64}}))
-    proc = run_trainer("train", "--out", str(tmp_path / "o"), "--config", str(config), "--data", str(data),
+    proc = run_trainer_eager("train", "--out", str(tmp_path / "o"), "--config", str(config), "--data", str(data),
                        "--tokenizer", str(tokenizer))
     assert proc.returncode == 1 and "no mask token" in proc.stderr and "mask_token_id" in proc.stderr
 
@@ -252,7 +253,7 @@ def test_conversations_train_on_assistant_tokens(tmp_path):
 @pytest.mark.e2e
 def test_tiny_cli_learns_and_writes_metrics(tmp_path):
     out = tmp_path / "run"
-    proc = run_trainer("train", "--out", str(out), "--steps", "300")
+    proc = run_trainer_eager("train", "--out", str(out), "--steps", "300")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r]
@@ -275,7 +276,7 @@ def test_tiny_cli_learns_and_writes_metrics(tmp_path):
     assert summary.keys() - counters == records.Summary.__annotations__.keys(), \
         summary.keys() ^ records.Summary.__annotations__.keys()
     assert (out / "checkpoint.pt").exists()
-    proc = run_trainer("eval", "--ckpt", str(out / "checkpoint.pt"))
+    proc = run_trainer_eager("eval", "--ckpt", str(out / "checkpoint.pt"))
     assert proc.returncode == 0 and json.loads(proc.stdout)["acceptance_length"] == evals[-1]["acceptance_length"]
 
 
