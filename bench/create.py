@@ -18,9 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envkit import profile as profiles, wheelhouse  # noqa: E402
-from envkit.lock import source_args  # noqa: E402
-from envkit.uvtool import uv_bin, uv_version  # noqa: E402
+from envkit.lock import profile as profiles  # noqa: E402
+
+from envkit.lock import wheelhouse
+from envkit.lock.resolve import source_args  # noqa: E402
+from envkit.lock.uvtool import uv_bin, uv_version  # noqa: E402
 
 
 def timed(cmd: list[str], env=None) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from envkit.uvtool import uv_bin  # noqa: E402
+from envkit.lock.uvtool import uv_bin  # noqa: E402
 from wheels import build_wheel  # noqa: E402
 
 

@@ -15,16 +15,18 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from envkit import __version__, paths, profile as profiles, wheelhouse
+from envkit import __version__, paths
 from envkit import venvrecord
 from envkit.errors import VenvError
-from envkit.fsops import exchange
-from envkit.fsops import write_json_atomic
 from envkit.installed import installed_versions
-from envkit.lock import source_args
-from envkit.profile import Profile
-from envkit.progress import Phases
-from envkit.uvtool import run_uv, uv_version
+from envkit.lock import profile as profiles
+from envkit.lock import wheelhouse
+from envkit.lock.profile import Profile
+from envkit.lock.resolve import source_args
+from envkit.lock.uvtool import run_uv, uv_version
+from envkit.support.fsops import exchange
+from envkit.support.fsops import write_json_atomic
+from envkit.support.progress import Phases
 from envkit.venv import Venv
 
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from envkit.errors import RunError
-from envkit.text import printable
+from envkit.support.text import printable
 from envkit.trainer_process import trainer_command, trainer_env, trainer_failure
 from envkit.venv import Venv
 from trainer.common.children import die_with_parent

@@ -9,7 +9,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envkit.safeio import UnsafeFile, read_text
+from envkit.support.safeio import UnsafeFile, read_text
 
 # PEP 508's name rule: what a requirement line, a lock and a `pip download` may be given. Anything else
 # (`-e DIR #`, `pkg @ file://...`, `x; touch y`) is installer or shell syntax, never a name.

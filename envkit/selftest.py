@@ -20,7 +20,7 @@ from filelock import FileLock
 
 from envkit import state
 from envkit.errors import CacheError, VenvError
-from envkit.safeio import UnsafeFile, read_bytes
+from envkit.support.safeio import UnsafeFile, read_bytes
 from envkit.trainer_process import run_trainer, trainer_env
 from envkit.venv import Venv
 from trainer.common.mitigations import MITIGATIONS, WARM_LOCK_ENV

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from envkit import paths
 from envkit.cache.trust import permission_problem
-from envkit.fsops import write_json_atomic
-from envkit.text import printable
+from envkit.support.fsops import write_json_atomic
+from envkit.support.text import printable
 from trainer.common.files import read_json_file
 
 RECORD_LIMIT = 64 << 20

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from envkit import paths
 from envkit.errors import VenvError
-from envkit.safeio import UnsafeFile, read_bytes
-from envkit.text import printable
+from envkit.support.safeio import UnsafeFile, read_bytes
+from envkit.support.text import printable
 from trainer.common.files import read_json_file
 
 MANIFEST = "envkit.json"

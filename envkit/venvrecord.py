@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from envkit import profile as profiles
 from envkit import state
 from envkit.errors import ProfileError
-from envkit.text import printable
+from envkit.lock import profile as profiles
+from envkit.support.text import printable
 from envkit.venv import Venv
 
 KIND = "venvs"

@@ -12,7 +12,7 @@ from pathlib import Path
 from envkit.cache.key import CACHE_SUBDIRS, compile_root, untrusted_message
 from envkit.cache.trust import tree_problems
 from envkit.errors import CacheError
-from envkit.fsops import write_json_atomic
+from envkit.support.fsops import write_json_atomic
 from envkit.venv import Venv
 from trainer.common.files import file_sha256
 from trainer.common.files import read_json_file

@@ -29,9 +29,9 @@ from envkit.cache.fingerprint import read_fingerprint, scan, write_fingerprint
 from envkit.cache.key import CACHE_SUBDIRS, compile_root, ensure_private_dir, env_key, key_parts
 from envkit.cache.warmup import warm
 from envkit.errors import CacheError
-from envkit.fsops import exchange
-from envkit.safeio import UnsafeFile, read_bytes
-from envkit.text import printable
+from envkit.support.fsops import exchange
+from envkit.support.safeio import UnsafeFile, read_bytes
+from envkit.support.text import printable
 from envkit.trainer_process import run_trainer, trainer_env
 from envkit.venv import Venv
 from trainer.common.files import atomic_write, file_sha256, loads_json

@@ -26,7 +26,7 @@ from envkit.cache.fingerprint import (
 )
 from envkit.cache.key import compile_root, ensure_private_dir, env_key, key_parts
 from envkit.errors import CacheError
-from envkit.text import printable
+from envkit.support.text import printable
 from envkit.trainer_process import (
     trainer_args,
     trainer_command,

@@ -10,7 +10,7 @@ import click
 
 from envkit import __version__
 from envkit.errors import EnvkitError
-from envkit.text import printable
+from envkit.support.text import printable
 
 
 def print_json(data) -> None:

@@ -10,7 +10,7 @@ import click
 from envkit.cli.app import as_dict, main, print_json
 from envkit.cli.options import (check_preset_choice, config_option, preset_option, profile_option, venv_from_options,
                                 venv_option)
-from envkit.text import printable
+from envkit.support.text import printable
 
 
 @main.command("warm-cache", context_settings={"ignore_unknown_options": True})

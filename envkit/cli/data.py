@@ -8,7 +8,7 @@ import click
 
 from envkit.cli.app import main, print_json
 from envkit.cli.options import check_preset_choice, profile_option, venv_from_options, venv_option
-from envkit.text import printable
+from envkit.support.text import printable
 
 
 @main.group("data")

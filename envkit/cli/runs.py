@@ -122,7 +122,7 @@ def supervise_command(run_dir):
 def runs_command(runs_dir, as_json):
     """List runs with status, last step, loss, tokens/s, acceptance length and cache hits."""
     from envkit.run.runs import list_runs
-    from envkit.text import printable
+    from envkit.support.text import printable
 
     rows = list_runs(Path(runs_dir) if runs_dir else None)
     if as_json:
@@ -154,7 +154,7 @@ def export_command(run, out_dir, force, dtype, runs_dir, as_json):
     Prints the SGLang and vLLM command lines that serve it.
     """
     from envkit.run.export import export
-    from envkit.text import printable
+    from envkit.support.text import printable
 
     result = export(run, Path(out_dir), force=force, dtype=dtype, runs_dir=Path(runs_dir) if runs_dir else None)
     if as_json:

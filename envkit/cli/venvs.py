@@ -30,11 +30,11 @@ def lock_command(profile_name, lock_path, find_links, offline, no_index, check, 
     --from-venv PATH, adopt an existing venv: a new profile pinned to its packages (strays left out
     and listed), resolved and hashed, so that `envkit create --profile NAME` reproduces it.
     """
-    from envkit import lock
+    from envkit.lock import resolve as lock
 
     check_profile_choice(profile_name, lock_path)
     if from_venv:
-        from envkit.adopt import adopt
+        from envkit.lock.adopt import adopt
 
         result = adopt(from_venv, profile_name, lock_path, keep_strays=keep_strays, find_links=find_links,
                        offline=offline, no_index=no_index)

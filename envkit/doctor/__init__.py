@@ -11,7 +11,7 @@ from envkit.doctor import cachechecks, environment, files, packages, startup, st
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Report, Status
 from envkit.errors import ProfileError
-from envkit.uvtool import run_uv
+from envkit.lock.uvtool import run_uv
 from envkit.venv import resolve_venv
 
 __all__ = ["Finding", "Report", "Status", "diagnose", "fix", "load_context"]
@@ -64,7 +64,7 @@ def diagnose(ctx: Context) -> Report:
 def fix(ctx: Context, *, find_links=(), offline=False, no_index=False) -> None:
     """Re-sync the venv to its lock in place: strays, duplicates, drift and edited files go."""
     # Only --fix installs: uv, the lock and the wheelhouse stay out of every plain doctor's start-up.
-    from envkit import wheelhouse
+    from envkit.lock import wheelhouse
     from envkit.create import sync
 
     if ctx.profile is None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from envkit.doctor import statindex
 from envkit.installed import Distribution, installed_distributions
-from envkit.profile import Profile
-from envkit.safeio import UnsafeFile, read_text
+from envkit.lock.profile import Profile
+from envkit.support.safeio import UnsafeFile, read_text
 from envkit.venv import Venv
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from envkit.doctor import statindex
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
-from envkit.safeio import UnsafeFile, open_regular, read_bytes, read_text
+from envkit.support.safeio import UnsafeFile, open_regular, read_bytes, read_text
 
 # Suffixes checked by default: the files people patch by hand. --deep checks every file.
 SOURCE_SUFFIXES = (".py", ".pth", ".json", ".txt", ".cfg", ".toml")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from envkit import wheelhouse
 from envkit.installed import PEP508_NAME
-from envkit.uvtool import run_uv
+from envkit.lock import wheelhouse
+from envkit.lock.uvtool import run_uv
 
 MAX_DIFF_LINES = 12
 

@@ -7,7 +7,7 @@ import json
 import click
 
 from envkit.doctor.findings import Report, Status
-from envkit.text import printable as safe
+from envkit.support.text import printable as safe
 
 COLOURS = {Status.FAIL: "red", Status.WARN: "yellow", Status.OK: "green"}
 

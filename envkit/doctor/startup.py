@@ -18,8 +18,8 @@ from pathlib import Path
 from envkit.doctor.context import Context
 from envkit.doctor.files import recorded_paths
 from envkit.doctor.findings import Finding, Status
-from envkit.safeio import UnsafeFile, open_regular, read_bytes
-from envkit.text import printable
+from envkit.support.safeio import UnsafeFile, open_regular, read_bytes
+from envkit.support.text import printable
 from envkit.venv import Venv
 
 # Modules the site module imports by itself at every start (a .pth's `import` lines are site.pth's).

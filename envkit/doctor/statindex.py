@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envkit import paths
-from envkit.fsops import write_json_atomic
 from envkit.state import read_trusted_json
+from envkit.support.fsops import write_json_atomic
 from envkit.venv import Venv
 
 VERSION = 2

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Report, Status
-from envkit.safeio import UnsafeFile, read_text
+from envkit.support.safeio import UnsafeFile, read_text
 
 SLACK_S = 2.0  # dist-infos written by the create itself land within its last seconds
 

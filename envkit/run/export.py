@@ -11,7 +11,7 @@ from envkit.doctor.startup import interpreter_problem
 from envkit.errors import RunError, VenvError
 from envkit.run.rundir import RUN_JSON, read_run
 from envkit.run.runs import find_run
-from envkit.text import printable
+from envkit.support.text import printable
 from envkit.trainer_process import run_trainer, trainer_env
 from envkit.venv import Venv
 from trainer.common.files import permission_problem

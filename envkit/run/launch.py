@@ -12,13 +12,13 @@ from pathlib import Path
 
 from envkit.cache.key import describe
 from envkit.errors import RunError
-from envkit.fsops import write_json_atomic
-from envkit.progress import Phases
 from envkit.run.preflight import (git_commit, new_run_dir, preflight_cache, preflight_doctor, preflight_venv,
                                   versions)
 from envkit.run.rundir import CONFIG_JSON, LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now, update_run
 from envkit.run.supervise import detach, supervise
-from envkit.text import printable
+from envkit.support.fsops import write_json_atomic
+from envkit.support.progress import Phases
+from envkit.support.text import printable
 from envkit.trainer_process import trainer_command
 from trainer.common.records import details
 

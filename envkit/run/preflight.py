@@ -17,10 +17,10 @@ from envkit.doctor.findings import Report, Status
 from envkit.doctor.render import as_table
 from envkit.errors import RunError
 from envkit.installed import installed_versions
-from envkit.progress import Phases
+from envkit.lock.uvtool import uv_version
 from envkit.run.rundir import check_run_name
+from envkit.support.progress import Phases
 from envkit.trainer_source import trainer_digest
-from envkit.uvtool import uv_version
 from envkit.venv import Venv
 
 # Warnings that `envkit train` itself resolves: it warms a cold cache and runs the hazard self-tests that

@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from envkit.errors import RunError
-from envkit.fsops import write_json_atomic
-from envkit.text import printable
+from envkit.support.fsops import write_json_atomic
+from envkit.support.text import printable
 from trainer.common.files import read_json_file
 
 RUN_JSON = "run.json"

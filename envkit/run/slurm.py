@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from envkit.errors import RunError
-from envkit.text import printable
+from envkit.support.text import printable
 
 DEFAULT_RDZV_PORT = 29500  # torchrun's own default master port
 

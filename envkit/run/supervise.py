@@ -16,9 +16,9 @@ from pathlib import Path
 
 from envkit.cache.fingerprint import write_fingerprint
 from envkit.errors import RunError
-from envkit.progress import Phases
 from envkit.run.rundir import LOG, NODE_JSON, now, read_node, read_run, read_summary, update_run
-from envkit.text import printable
+from envkit.support.progress import Phases
+from envkit.support.text import printable
 from envkit.trainer_process import trainer_env
 from envkit.venv import Venv
 from trainer.common.children import die_with_parent

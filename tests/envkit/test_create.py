@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from envkit import profile as profiles
+from envkit.lock import profile as profiles
 from helpers import assert_clean_error, build_wheel, create_args, run_envkit, run_json, write_profile
 
 
@@ -183,8 +183,8 @@ def test_pip_conf_find_links_is_a_wheelhouse(tmp_path, wheelhouse, monkeypatch):
 def test_a_wheelhouse_torch_is_the_source_of_torch(tmp_path, monkeypatch):
     """With torch in a wheelhouse, the profile's torch-backend is not passed to uv (which would ignore the
     wheelhouse for torch) and the wheelhouse's torch is what gets installed."""
-    from envkit.lock import source_args
-    from envkit.profile import load_file
+    from envkit.lock.resolve import source_args
+    from envkit.lock.profile import load_file
 
     house = tmp_path / "house"
     house.mkdir()
@@ -246,7 +246,7 @@ def test_bad_venv_paths_are_errors_not_tracebacks(tmp_path, test_lock, wheelhous
 
 
 def test_find_links_urls_stay_urls(monkeypatch, tmp_path):
-    from envkit import wheelhouse
+    from envkit.lock import wheelhouse
 
     monkeypatch.setenv("PIP_CONFIG_FILE", str(tmp_path / "none.conf"))
     monkeypatch.setenv("PIP_FIND_LINKS", "https://wheels.example/simple file:///srv/wheels")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envkit import profile as profiles
+from envkit.lock import profile as profiles
 from helpers import (assert_clean_error, booby_trapped_project, create_args, fake_dist_info, one_line_error,
                      plain_venv, run_envkit)
 

@@ -1,5 +1,5 @@
 """Writing and reading files safely: one atomic write, one sha256, one JSON-record reader. Torch-free, so
-envkit uses the same ones (envkit/fsops.py, envkit/safeio.py)."""
+envkit uses the same ones (envkit/support/fsops.py, envkit/support/safeio.py)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from trainer.common.errors import TrainerInputError
-from trainer.common.files import file_sha256, read_json_record
+from trainer.common.files import file_sha256, follow_umask, read_json_record
 from trainer.config.schema import TrainConfig
 from trainer.export import modelcard
 from trainer.model.target import build_target, same_checksum, target_dir, weights_checksum

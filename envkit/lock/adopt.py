@@ -11,14 +11,16 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from envkit import __version__, paths, profile as profiles, wheelhouse
+from envkit import __version__, paths
 from envkit.doctor.context import Context
 from envkit.doctor.packages import stray_reasons
 from envkit.errors import ProfileError
 from envkit.installed import invalid_dist_infos
-from envkit.lock import compile_packages
-from envkit.profile import DEFAULT_PLATFORM, Profile
-from envkit.uvtool import uv_version
+from envkit.lock import profile as profiles
+from envkit.lock import wheelhouse
+from envkit.lock.profile import DEFAULT_PLATFORM, Profile
+from envkit.lock.resolve import compile_packages
+from envkit.lock.uvtool import uv_version
 from envkit.venv import Venv
 from trainer.common.files import atomic_write
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from envkit import __version__, profile as profiles, wheelhouse
+from envkit import __version__
 from envkit.errors import EnvkitError, ProfileError
-from envkit.profile import LockedPackage, Profile
-from envkit.uvtool import run_uv, uv_version
+from envkit.lock import profile as profiles
+from envkit.lock import wheelhouse
+from envkit.lock.profile import LockedPackage, Profile
+from envkit.lock.uvtool import run_uv, uv_version
 from trainer.common.files import atomic_write
 
 

@@ -15,10 +15,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envkit import paths, pylock
+from envkit import paths
 from envkit.errors import ProfileError
-from envkit.safeio import UnsafeFile, read_bytes
-from envkit.text import printable
+from envkit.lock import pylock
+from envkit.support.safeio import UnsafeFile, read_bytes
+from envkit.support.text import printable
 
 if sys.version_info >= (3, 11):
     import tomllib
