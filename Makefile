@@ -27,8 +27,9 @@ test:
 	$(PYTHON) -m compileall -q envkit trainer
 	$(PYTHON) -m pytest -q -ra
 
+# The unit tier only (tests/README.md): in-process and short subprocesses, no venv built, nothing trained.
 test-fast:
-	$(PYTHON) -m pytest -q -ra -m "not slow"
+	$(PYTHON) -m pytest -q -ra -m unit
 
 bench:
 	$(PYTHON) bench/create.py
