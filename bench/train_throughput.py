@@ -75,7 +75,7 @@ def run_variant(args) -> dict:
                                    faults=Faults.parse(unwarmed=unwarmed))
     else:
         trainer = Trainer.sequential(cfg, out, device=args.device, log=log)
-    replicas = len(trainer.train.setup.replicas)
+    replicas = len(trainer.setup.replicas)
     setup_s = time.perf_counter() - started
     warm_started = time.perf_counter()
     trainer.warmup()
@@ -102,7 +102,7 @@ def run_variant(args) -> dict:
                 "error": [f"{type(exc).__name__}: {str(exc)[:300]}"]}
     finally:
         trainer.close()
-    device = trainer.train.setup.device
+    device = trainer.setup.device
     world = dist.get_world_size() if dist else 1
     if dist and dist.get_rank() != 0:
         return {}

@@ -199,7 +199,7 @@ def cmd_eval(args) -> int:
         from trainer.data.rows import read_prompts
         from trainer.model.target import target_dir
 
-        tokenizer_dir = trainer.train.setup.tokenizer_path or target_dir(cfg.target)
+        tokenizer_dir = trainer.setup.tokenizer_path or target_dir(cfg.target)
         tokenizer = None
         if tokenizer_dir:
             from transformers import AutoTokenizer
@@ -210,7 +210,7 @@ def cmd_eval(args) -> int:
         if too_long:
             raise TrainerInputError(f"--prompts {args.prompts}: prompt {too_long[0]} with {cfg.walk_new_tokens} new "
                                     f"tokens exceeds the target's {cfg.target.max_position_embeddings} positions")
-    print(json.dumps(trainer.evaluate_walk(taps, args.zero_context, prompts) if args.walk else trainer.eval.teacher_forced()))
+    print(json.dumps(trainer.evaluate_walk(taps, args.zero_context, prompts) if args.walk else trainer.evaluate()))
     return 0
 
 

@@ -69,7 +69,7 @@ def test_export_matches_the_reference_bit_for_bit_and_forward(tmp_path):
     assert {"config.json", "model.safetensors", "envkit-export.json", "target"} <= {p.name for p in out.iterdir()}
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 8
-    assert config["dflash_config"] == {"mask_token_id": trainer.train.setup.mask_token_id, "target_layer_ids": trainer.train.setup.layer_ids,
+    assert config["dflash_config"] == {"mask_token_id": trainer.setup.mask_token_id, "target_layer_ids": trainer.setup.layer_ids,
                                        "block_size": 8}
     assert manifest["target"] == "target/"
     trained_with = json.loads((out / "envkit-export.json").read_text())["training_config"]
@@ -78,22 +78,22 @@ def test_export_matches_the_reference_bit_for_bit_and_forward(tmp_path):
     draft = load_reference(out)
     saved = load_file(out / "model.safetensors")
     assert not any(k.startswith(("embed", "lm_head")) for k in saved)  # the target's are used
-    ours = {serving_name(k): v for k, v in trainer.train.setup.replica.drafter.state_dict().items()}
+    ours = {serving_name(k): v for k, v in trainer.setup.replica.drafter.state_dict().items()}
     assert set(saved) == set(ours) == set(draft.state_dict())
     assert all(torch.equal(saved[k], ours[k]) and torch.equal(draft.state_dict()[k], ours[k]) for k in ours)
 
     target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
-    assert all(torch.equal(a, b) for a, b in zip(target.state_dict().values(), trainer.train.setup.target.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(target.state_dict().values(), trainer.setup.target.state_dict().values()))
 
     # The same block through both: context = tapped states before the anchor, block = [anchor, MASK x 7].
-    tokens = trainer.train.setup.eval_data.sequences[0].input_ids[:40]
+    tokens = trainer.setup.eval_data.sequences[0].input_ids[:40]
     anchor = len(tokens) - 1
     with torch.no_grad():
         hidden = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
-        context = torch.cat([hidden[i + 1] for i in trainer.train.setup.layer_ids], dim=-1)[:, :anchor]
-        block = torch.tensor([[tokens[-1]] + [trainer.train.setup.mask_token_id] * 7])
+        context = torch.cat([hidden[i + 1] for i in trainer.setup.layer_ids], dim=-1)[:, :anchor]
+        block = torch.tensor([[tokens[-1]] + [trainer.setup.mask_token_id] * 7])
         embeds = target.get_input_embeddings()(block)
-        mine = trainer.train.setup.replica.drafter(context, embeds, torch.tensor([[anchor]]), SdpaAttention)
+        mine = trainer.setup.replica.drafter(context, embeds, torch.tensor([[anchor]]), SdpaAttention)
         theirs = draft(position_ids=torch.arange(anchor + 8)[None], noise_embedding=embeds, target_hidden=context)
     assert torch.allclose(mine, theirs, atol=2e-5), (mine - theirs).abs().max()
 

@@ -68,7 +68,7 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
     assert len(steps) == 30 and summary["steps"] == 30
     assert all(r["eager_fallbacks"] == 0 and r["recompiles"] == 0 for r in steps)
     assert set(steps[-1]["threads_tokens_per_s"]) == {"drafter0", "drafter1"}
-    digests = {weights_digest(r.drafter) for r in trainer.train.setup.replicas}
+    digests = {weights_digest(r.drafter) for r in trainer.setup.replicas}
     assert len(digests) == 1  # bit-identical
 
     # A shape outside the buckets compiles under the exclusive gate while another thread runs the target.
@@ -76,7 +76,7 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
 
     stop = threading.Event()
     errors = []
-    setup, gate = trainer.train.setup, trainer.executor.gate
+    setup, gate = trainer.setup, trainer.executor.gate
 
     def forwards():
         batch = setup.train_data.bucket_batch(64, 2)
@@ -99,7 +99,7 @@ def test_two_drafter_threads_compiled_no_fallbacks_identical_replicas(tmp_path):
         stop.set()
         other.join()
     assert compiling and not errors
-    assert trainer.metrics.monitor.since_warm()["recompiles"] >= 1 and gate.exclusive_entries == 1
+    assert trainer.monitor.since_warm()["recompiles"] >= 1 and gate.exclusive_entries == 1
     trainer.close()
 
 
