@@ -93,9 +93,10 @@ def tiny_checkpoint(run_dir: Path) -> Path:
 
 
 
-# A test's tier follows from what it needs: the session's cpu venv, warm cache or trained runs make it e2e, a
-# venv built from the test wheelhouse makes it integration; an explicit mark wins. The rest is the unit tier.
-E2E_FIXTURES = {"cpu_venv", "warm_cache_root", "tiny_run", "code_run"}
+# A test's tier follows from what it needs: the session's cpu venv, warm cache or trained runs (a checkpoint
+# included) make it e2e, a venv built from the test wheelhouse makes it integration; an explicit mark wins (a
+# test that trains in a subprocess is marked e2e). The rest is the unit tier.
+E2E_FIXTURES = {"cpu_venv", "warm_cache_root", "tiny_run", "code_run", "finished_run", "checkpoint_path"}
 INTEGRATION_FIXTURES = {"wheelhouse", "test_lock"}
 
 

@@ -99,6 +99,7 @@ def test_a_run_dir_from_another_host_is_not_running_here_and_logs_f_ends(tmp_pat
 
 
 # -- one Error: line, never a traceback ---------------------------------------------------------------------
+@pytest.mark.e2e
 def test_deeply_nested_json_is_data_not_a_traceback(tmp_path):
     runs = tmp_path / "runs"
     (runs / "deep").mkdir(parents=True)

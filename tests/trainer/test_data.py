@@ -146,6 +146,7 @@ def test_the_held_out_rows_stay_put_when_rows_are_appended(tmp_path, home):
     assert held <= held_more and not held & trained_more  # nothing held out before is trained on now
 
 
+@pytest.mark.e2e
 def test_a_tampered_store_file_is_a_one_line_error_naming_it(tmp_path, home):
     rows = write_rows(tmp_path / "rows.jsonl", 100)
     prepared = json.loads(prepare_cli("--data", str(rows)).stdout)
@@ -172,6 +173,7 @@ def test_a_bad_line_in_a_later_chunk_names_its_file_and_line(tmp_path, home, mon
     assert skipped.rows == 600 and skipped.skipped == 1
 
 
+@pytest.mark.e2e
 def test_a_killed_prepare_leaves_no_store_a_later_run_takes_as_built(tmp_path, home):
     rows = write_rows(tmp_path / "big.jsonl", 30_000, seed=5)
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "prepare", "--preset", "tiny", "--data", str(rows)],
@@ -269,6 +271,7 @@ def test_a_source_digest_is_remembered_only_while_the_file_is_unchanged(tmp_path
     assert source_sha256(data, memo) == file_sha256(data) != first
 
 
+@pytest.mark.e2e
 def test_token_ids_are_checked_at_load_and_skip_bad_skips_them(tmp_path):
     data = tmp_path / "d.jsonl"
     good = {"input_ids": list(range(1, 40)), "loss_mask": [1] * 39}

@@ -204,6 +204,7 @@ def conversations(count: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.e2e
 def test_chat_path_trains_exports_and_serves(tmp_path):
     from transformers import AutoTokenizer
 
@@ -266,6 +267,7 @@ def test_chat_template_kwargs_reach_the_data_and_a_rewriting_template_is_named(t
 # -- deletion ------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_export_dtype_writes_weights_in_that_dtype(tmp_path):
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file

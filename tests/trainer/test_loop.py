@@ -44,6 +44,7 @@ def test_bad_config_names_the_key(tmp_path, config, needle):
     assert proc.returncode == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_checkpoints_never_unpickle_code(tmp_path):
     path = tmp_path / "checkpoint.pt"
     torch.save({"step": 1, "payload": os.system}, path)  # a callable is pickled by reference: code on load
@@ -103,6 +104,7 @@ def _stop_mid_run(out: Path, *extra: str, command: tuple[str, ...] = TRAINER, ra
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("layout", [(), ("--targets", "cpu", "--drafters", "cpu,cpu")], ids=["sequential", "threads"])
 def test_sigterm_stops_at_a_step_boundary_and_resume_is_exact(tmp_path, layout):
     out = tmp_path / "run"
@@ -209,6 +211,7 @@ def test_a_flag_a_layout_cannot_honour_is_refused(tmp_path, args, needle):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_strict_compile_in_the_sequential_layout_stops_at_a_recompile(tmp_path, monkeypatch):
     """The sequential layout honours --strict-compile: a shape compiled after warm-up stops the run."""
     pytest.importorskip("torch")
@@ -239,6 +242,7 @@ def test_strict_compile_in_the_sequential_layout_stops_at_a_recompile(tmp_path, 
     assert summary["recompiles"] >= 1
 
 
+@pytest.mark.e2e
 def test_a_second_signal_exits_at_once_and_writes_no_checkpoint(tmp_path):
     config = tmp_path / "c.json"
     config.write_text(json.dumps(CHECKPOINT_EVERY_2))
@@ -294,6 +298,7 @@ def test_config_values_are_checked_where_they_are_read(tmp_path, change, needle)
     assert needle in one_line_error(run_trainer("describe", "--config", str(path)))
 
 
+@pytest.mark.e2e
 def test_a_non_finite_loss_fails_the_run_naming_the_step(tmp_path):
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"preset": "tiny", "steps": 50, "compile": False, "lr": 1e30, "warmup_frac": 0,

@@ -126,6 +126,7 @@ def test_block_targets_and_weights():
     assert weights[0, 8:].sum() == 0  # the padding block
 
 
+@pytest.mark.e2e
 def test_resume_gives_the_same_losses(tmp_path):
     from trainer.train.loop import Trainer
 
@@ -190,6 +191,7 @@ def write_jsonl(path: Path, rows: list) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_malformed_jsonl_names_file_and_line(tmp_path):
     good = {"input_ids": list(range(1, 40)), "loss_mask": [1] * 39}
     data = write_jsonl(tmp_path / "d.jsonl", [good, "{not json", good, {"input_ids": [1, 2]}] + [good] * 8)
@@ -200,6 +202,7 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
     assert "dropped 1 too short for one block" in proc.stdout and "1 malformed lines skipped" in proc.stdout
 
 
+@pytest.mark.e2e
 def test_missing_paths_and_too_many_anchors(tmp_path):
     proc = run_trainer_eager("train", "--out", str(tmp_path / "o"), "--target", str(tmp_path / "nope"))
     assert proc.returncode == 1 and "target path" in proc.stderr and "--target" in proc.stderr
@@ -223,6 +226,7 @@ def _save_tokenizer(path: Path, *, with_mask: bool) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_tokenizer_without_mask_token(tmp_path):
     tokenizer = _save_tokenizer(tmp_path / "tok", with_mask=False)
     data = write_jsonl(tmp_path / "c.jsonl", [{"conversations": [{"role": "user", "content": "w1 w2"}]}])

@@ -171,6 +171,7 @@ def test_packed_loss_is_the_token_weighted_loss_of_the_documents_alone():
     assert packed_sum / packed_weight == pytest.approx(total / weight, rel=1e-4)
 
 
+@pytest.mark.e2e
 def test_no_packing_keeps_one_sequence_a_row_and_metrics_report_padding(tmp_path):
     docs = documents([40, 50, 30, 100])
     assert [len(r) for r in Dataset(docs, [64, 128]).rows] == [1, 1, 1, 1]

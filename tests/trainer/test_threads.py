@@ -129,6 +129,7 @@ def test_a_stalled_worker_is_an_error_not_a_hang(tmp_path, monkeypatch, stalled,
     trainer.close()
 
 
+@pytest.mark.e2e
 def test_a_slow_target_worker_keeps_out_of_order_results_bounded(tmp_path):
     from trainer.config.schema import tiny
     from trainer.train.executors import MAX_AHEAD
@@ -146,6 +147,7 @@ def test_a_slow_target_worker_keeps_out_of_order_results_bounded(tmp_path):
     trainer.close()
 
 
+@pytest.mark.e2e
 def test_failure_exits_nonzero_with_the_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--out", str(tmp_path / "o"), "--no-compile",
                            "--steps", "50", "--targets", "cpu", "--drafters", "cpu,cpu", "--fail-at", "target:0:2"],
