@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import build_wheel, run_envkit, write_profile
+from helpers import ONE_STEP, build_wheel, run_envkit, run_trainer, write_profile
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +91,17 @@ def tiny_checkpoint(run_dir: Path) -> Path:
     trainer = Trainer.sequential(cfg, run_dir, log=lambda m: None)
     return trainer.save_checkpoint()
 
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Path:
+    """A one-step tiny run with its checkpoint (at its last step); tests copy it before they change it."""
+    out = tmp_path_factory.mktemp("finished-run") / "run"
+    config = out.parent / "config.json"
+    config.write_text(json.dumps(ONE_STEP))
+    proc = run_trainer("train", "--config", str(config), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
 
 
 # A test's tier follows from what it needs: the session's cpu venv, warm cache or trained runs (a checkpoint

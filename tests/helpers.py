@@ -30,6 +30,11 @@ def run_json(*args: str, **kwargs) -> dict:
     return json.loads(run_envkit(*args, "--json", **kwargs).stdout)
 
 
+# A one-step tiny run, compile off: the cheapest checkpoint (at its last step) a test can be handed.
+ONE_STEP = {"preset": "tiny", "steps": 1, "compile": False, "eval_every": 0,
+            "data": {"buckets": [64], "num_sequences": 8, "eval_sequences": 2}}
+
+
 def run_trainer(*args: str, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
     """`python -m trainer` as envkit starts it: a real process, from the project."""
     return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, cwd=PROJECT,

@@ -28,21 +28,6 @@ def interpreter_that_leaves_a_marker(venv: Path, marker: Path) -> None:
 # -- deletion ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A one-step tiny run with its checkpoint (at its last step)."""
-    out = tmp_path_factory.mktemp("run") / "run"
-    config = out.parent / "config.json"
-    config.write_text(json.dumps(SMALL))
-    proc = run_trainer("train", "--config", str(config), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
-SMALL = {"preset": "tiny", "steps": 1, "compile": False, "eval_every": 0,
-         "data": {"buckets": [64], "num_sequences": 8, "eval_sequences": 2}}
-
-
 @pytest.mark.parametrize("where", ["relative", "inside"])
 def test_export_never_runs_an_interpreter_the_run_dir_brings(tmp_path, where):
     run_dir = tmp_path / "handed" / "run"

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROJECT, one_line_error, run_envkit, run_trainer
+from helpers import ONE_STEP, PROJECT, one_line_error, run_envkit, run_trainer
 
 torch = pytest.importorskip("torch")
 
 from trainer.config.schema import resolve, tiny  # noqa: E402
 from trainer.train import checkpoint  # noqa: E402
-
 
 
 def test_config_resolution_order_and_partial_files():
@@ -56,9 +55,7 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-# A one-step run (its checkpoint at its last step), and a run that checkpoints every 2 steps and logs each one.
-ONE_STEP = {"preset": "tiny", "steps": 1, "compile": False, "eval_every": 0,
-            "data": {"buckets": [64], "num_sequences": 8, "eval_sequences": 2}}
+# A run that checkpoints every 2 steps and logs each one.
 CHECKPOINT_EVERY_2 = {"preset": "tiny", "compile": False, "eval_every": 0, "ckpt_every": 2, "log_every": 1,
                       "walk_prompts": 1, "walk_new_tokens": 8,
                       "data": {"buckets": [64], "num_sequences": 32, "eval_sequences": 2}}
@@ -173,8 +170,6 @@ def metrics(out: Path) -> list[dict]:
 
 
 def resume(tmp_path: Path, finished_run: Path, config: dict, state_change=None) -> subprocess.CompletedProcess:
-    import shutil
-
     out = tmp_path / "run"
     shutil.copytree(finished_run, out)
     if state_change:
@@ -184,17 +179,6 @@ def resume(tmp_path: Path, finished_run: Path, config: dict, state_change=None) 
         torch.save(state, out / "checkpoint.pt")
     (tmp_path / "c.json").write_text(json.dumps(config))
     return run_trainer("train", "--config", str(tmp_path / "c.json"), "--out", str(out), "--resume")
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A one-step tiny run with its checkpoint (at its last step)."""
-    out = tmp_path_factory.mktemp("run") / "run"
-    config = out.parent / "config.json"
-    config.write_text(json.dumps(ONE_STEP))
-    proc = run_trainer("train", "--config", str(config), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
 
 
 @pytest.mark.parametrize("args, needle", [
