@@ -45,16 +45,21 @@ class Replica:
         """The step's loss; the mask is built here, outside the compiled region (one graph per bucket)."""
         prepared = self.attention.prepare(inputs.anchors, inputs.tapped.shape[1], self.cfg.drafter.block_size,
                                           inputs.doc_ids)
-        return self._compiled_loss(inputs.tapped, inputs.block_ids, inputs.anchors, prepared, inputs.labels,
-                                   inputs.weights, inputs.positions)
+        # Autocast is entered here, around the compiled region: inside it, AOTAutograd's cache refuses the graph
+        # (`_enter_autocast` is not a cacheable node) and every process traces forward and backward again.
+        with self._autocast():
+            return self._compiled_loss(inputs.tapped, inputs.block_ids, inputs.anchors, prepared, inputs.labels,
+                                       inputs.weights, inputs.positions)
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
     def _loss(self, tapped, block_ids, anchors, prepared, labels, weights, positions):
         # (B, Q, H) from the shared, frozen embedding; the residual stream stays float32 (matmuls autocast).
         block_embeds = F.embedding(block_ids, self.embed_weight).float()
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared,
-                                  positions)  # (B, Q, H)
-            return weighted_block_loss(hidden, self.head_weight, labels, weights, self.cfg.lm_head_chunk)
+        hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared,
+                              positions)  # (B, Q, H)
+        return weighted_block_loss(hidden, self.head_weight, labels, weights, self.cfg.lm_head_chunk)
 
     @torch.no_grad()
     def draft(self, tapped, block_ids, anchors, positions=None, doc_ids=None) -> torch.Tensor:
