@@ -52,6 +52,7 @@ class Replica:
                                        inputs.weights, inputs.positions)
 
     def _autocast(self):
+        """Matmuls in the run's dtype; off in float32."""
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
     def _loss(self, tapped, block_ids, anchors, prepared, labels, weights, positions):
@@ -66,7 +67,7 @@ class Replica:
         """Greedy token per block slot (B, Q), for evaluation."""
         block_embeds = F.embedding(block_ids, self.embed_weight)
         prepared = self.attention.prepare(anchors, tapped.shape[1], self.cfg.drafter.block_size, doc_ids)
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+        with self._autocast():
             hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared, positions)
             return (hidden @ self.head_weight.t()).argmax(-1)
 
