@@ -25,7 +25,7 @@ test:
 	$(PIP) install -q -e '.[dev]' $(TEST_TRAIN_PINS)
 	$(PIP) install -q --no-deps $(REFERENCE_DFLASH)
 	$(PYTHON) -m compileall -q envkit trainer
-	$(PYTHON) -m pytest -q -ra
+	$(PYTHON) -m pytest -q -ra -n 2 --dist loadgroup
 
 # The unit tier only (tests/README.md): in-process and short subprocesses, no venv built, nothing trained.
 test-fast:

@@ -6,11 +6,34 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from helpers import ONE_STEP, build_wheel, run_envkit, run_trainer, write_profile
+
+# `make test` runs two workers on two cores: one thread each for torch here and in every process a test starts,
+# or each worker's two-thread ops wait on the other's.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The directory `name`, built by `build` once for the whole run. Under pytest-xdist (`make test` runs two
+    workers) every worker's base temp shares one parent: the first worker to get here builds while the others
+    wait on the lock, then all read the same directory (copy it before you write)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path, built = shared / name, shared / f"{name}.built"
+    with FileLock(f"{path}.lock"):
+        if not built.exists():
+            shutil.rmtree(path, ignore_errors=True)  # a worker that failed half way leaves nothing to trust
+            path.mkdir()
+            build(path)
+            built.touch()
+    return path
 
 
 @pytest.fixture(autouse=True)
@@ -45,34 +68,39 @@ def test_lock(tmp_path, wheelhouse) -> Path:
 
 @pytest.fixture(scope="session")
 def warm_cache_root(tmp_path_factory, cpu_venv) -> Path:
-    """One compile cache root warmed once per session for the tiny preset (the cold warm is the slow part)."""
-    root = tmp_path_factory.mktemp("cache-root")
-    env = dict(os.environ, ENVKIT_CACHE_DIR=str(root))
-    first = json.loads(run_envkit("warm-cache", "--venv", str(cpu_venv), "--json", env=env, check=True).stdout)
-    (root / "first-warm.json").write_text(json.dumps(first))
-    return root
+    """One compile cache root warmed once per run for the tiny preset (the cold warm is the slow part)."""
+    def warm(root: Path) -> None:
+        env = dict(os.environ, ENVKIT_CACHE_DIR=str(root))
+        first = json.loads(run_envkit("warm-cache", "--venv", str(cpu_venv), "--json", env=env, check=True).stdout)
+        (root / "first-warm.json").write_text(json.dumps(first))
+    return built_once(tmp_path_factory, "cache-root", warm)
 
 
 @pytest.fixture(scope="session")
 def cpu_venv(tmp_path_factory) -> Path:
-    """The real `cpu` profile venv (torch, transformers), built once per test session."""
-    home = tmp_path_factory.mktemp("cpu-home")
-    env = dict(os.environ, ENVKIT_HOME=str(home))
-    run_envkit("create", "--profile", "cpu", env=env, check=True, timeout=1200)
-    return home / "venvs" / "cpu"
+    """The real `cpu` profile venv (torch, transformers), built once per run."""
+    def create(home: Path) -> None:
+        run_envkit("create", "--profile", "cpu", env=dict(os.environ, ENVKIT_HOME=str(home)), check=True, timeout=1200)
+    return built_once(tmp_path_factory, "cpu-home", create) / "venvs" / "cpu"
+
+
+def _run_env(tmp: Path) -> dict:
+    return dict(os.environ, ENVKIT_CACHE_DIR=str(tmp / "cache"), ENVKIT_RUNS_DIR=str(tmp / "runs"),
+                ENVKIT_HOME=str(tmp / "home"))
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, cpu_venv, warm_cache_root):
     """`envkit train --preset tiny` with its defaults, as the demo runs it: the drafter that gets served (and
     the trained drafter the random-target ablation reads)."""
-    tmp = tmp_path_factory.mktemp("tiny-run")
-    shutil.copytree(warm_cache_root, tmp / "cache", symlinks=True)
-    env = dict(os.environ, ENVKIT_CACHE_DIR=str(tmp / "cache"), ENVKIT_RUNS_DIR=str(tmp / "runs"),
-               ENVKIT_HOME=str(tmp / "home"))
-    proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "tiny", "--name", "tiny", env=env, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return tmp / "runs" / "tiny", env, proc.stdout
+    def train(tmp: Path) -> None:
+        shutil.copytree(warm_cache_root, tmp / "cache", symlinks=True)
+        proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "tiny", "--name", "tiny", env=_run_env(tmp),
+                          timeout=1200)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (tmp / "stdout.txt").write_text(proc.stdout)
+    tmp = built_once(tmp_path_factory, "tiny-run", train)
+    return tmp / "runs" / "tiny", _run_env(tmp), (tmp / "stdout.txt").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -92,16 +120,15 @@ def tiny_checkpoint(run_dir: Path) -> Path:
     return trainer.save_checkpoint()
 
 
-
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory) -> Path:
     """A one-step tiny run with its checkpoint (at its last step); tests copy it before they change it."""
-    out = tmp_path_factory.mktemp("finished-run") / "run"
-    config = out.parent / "config.json"
-    config.write_text(json.dumps(ONE_STEP))
-    proc = run_trainer("train", "--config", str(config), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    def train(tmp: Path) -> None:
+        config = tmp / "config.json"
+        config.write_text(json.dumps(ONE_STEP))
+        proc = run_trainer("train", "--config", str(config), "--out", str(tmp / "run"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return built_once(tmp_path_factory, "finished-run", train) / "run"
 
 
 # A test's tier follows from what it needs: the session's cpu venv, warm cache or trained runs (a checkpoint
@@ -111,8 +138,14 @@ E2E_FIXTURES = {"cpu_venv", "warm_cache_root", "tiny_run", "code_run", "finished
 INTEGRATION_FIXTURES = {"wheelhouse", "test_lock"}
 
 
+# Before xdist reads the groups (it names them in each test's id): the tests of the code preset share one
+# module fixture that trains for three minutes, so they run on one worker, and first, while the other worker
+# takes everything else.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
+        if "code_run" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("code_run"))
         if item.get_closest_marker("e2e") or item.get_closest_marker("integration"):
             continue
         needs = set(item.fixturenames)
