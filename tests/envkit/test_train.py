@@ -24,6 +24,16 @@ def train_env(warm_cache_root, tmp_path) -> dict:
     return dict(os.environ, ENVKIT_CACHE_DIR=str(root), ENVKIT_RUNS_DIR=str(tmp_path / "runs"))
 
 
+@pytest.fixture
+def short_tiny(tmp_path) -> str:
+    """The tiny preset's shapes (they decide the cache key, so the warm cache hits) with less data to generate,
+    a shorter evaluation and walk: what these tests check is the run's bookkeeping, not what it learns."""
+    config = tmp_path / "short.json"
+    config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 16,
+                                  "data": {"num_sequences": 64, "eval_sequences": 4}}))
+    return str(config)
+
+
 def runs_json(env) -> list[dict]:
     return json.loads(run_envkit("runs", "--json", env=env, check=True).stdout)
 
@@ -37,8 +47,9 @@ def wait_for(predicate, timeout=300, what="condition"):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def test_foreground_run_records_everything(cpu_venv, train_env, tmp_path):
-    proc = run_envkit("train", "--venv", str(cpu_venv), "--name", "fg", "--", "--steps", "20", env=train_env)
+def test_foreground_run_records_everything(cpu_venv, train_env, short_tiny, tmp_path):
+    proc = run_envkit("train", "--venv", str(cpu_venv), "--config", short_tiny, "--name", "fg", "--", "--steps", "20",
+                      env=train_env)
     assert proc.returncode == 0, proc.stderr
     run_dir = tmp_path / "runs" / "fg"
     assert {"run.json", "train.log", "metrics.jsonl", "checkpoint.pt"} <= {p.name for p in run_dir.iterdir()}
@@ -91,9 +102,9 @@ def test_a_warning_stops_train_unless_allow_warn(cpu_venv, tmp_path):
     assert allowed.returncode == 1 and "env.leak" not in allowed.stderr and "cold" in allowed.stderr
 
 
-def test_detach_then_runs_shows_running_then_finished(cpu_venv, train_env, tmp_path):
-    proc = run_envkit("train", "--venv", str(cpu_venv), "--name", "bg", "--detach", "--", "--steps", "150",
-                      env=train_env)
+def test_detach_then_runs_shows_running_then_finished(cpu_venv, train_env, short_tiny, tmp_path):
+    proc = run_envkit("train", "--venv", str(cpu_venv), "--config", short_tiny, "--name", "bg", "--detach", "--",
+                      "--steps", "30", env=train_env)
     assert proc.returncode == 0, proc.stderr
     assert "follow:" in proc.stderr and "envkit logs bg -f" in proc.stderr
     assert runs_json(train_env)[0]["status"] in ("starting", "running")
@@ -104,9 +115,9 @@ def test_detach_then_runs_shows_running_then_finished(cpu_venv, train_env, tmp_p
     assert "done: walk tau" in logs.stdout
 
 
-def test_sigterm_marks_the_run_and_leaves_a_loadable_checkpoint(cpu_venv, train_env, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), "--name", "term", "--",
-                             "--steps", "100000"], env=train_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def test_sigterm_marks_the_run_and_leaves_a_loadable_checkpoint(cpu_venv, train_env, short_tiny, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), "--config", short_tiny,
+                             "--name", "term", "--", "--steps", "100000"], env=train_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     metrics = tmp_path / "runs" / "term" / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and '"loss"' in metrics.read_text(), what="the first step")
