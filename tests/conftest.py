@@ -14,8 +14,8 @@ from filelock import FileLock
 
 from helpers import ONE_STEP, build_wheel, run_envkit, run_trainer, write_profile
 
-# `make test` runs two workers on two cores: one thread each for torch here and in every process a test starts,
-# or each worker's two-thread ops wait on the other's.
+# `make test` runs two workers on two cores: one torch thread each, here and in every process a test starts
+# (two-thread processes side by side on two cores spin waiting for each other's cores).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
