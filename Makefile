@@ -20,16 +20,19 @@ install:
 demo: install
 	$(PYTHON) -m envkit train --preset tiny
 
-
+# Every tier, on two pytest-xdist workers that share the session's venv, warm cache and trained runs
+# (tests/README.md).
 test:
 	$(PIP) install -q -e '.[dev]' $(TEST_TRAIN_PINS)
 	$(PIP) install -q --no-deps $(REFERENCE_DFLASH)
 	$(PYTHON) -m compileall -q envkit trainer
 	$(PYTHON) -m pytest -q -ra -n 2 --dist loadgroup
 
-# The unit tier only (tests/README.md): in-process and short subprocesses, no venv built, nothing trained.
+# The unit tier only (tests/README.md): in-process and short subprocesses, no venv built, nothing trained. Its
+# tests are single-threaded, so two workers nearly halve it (159 s -> 85 s on the 2-core VM, bench/RESULTS.md).
 test-fast:
-	$(PYTHON) -m pytest -q -ra -m unit
+	$(PIP) install -q -e '.[dev]'
+	$(PYTHON) -m pytest -q -ra -m unit -n 2
 
 bench:
 	$(PYTHON) bench/create.py
