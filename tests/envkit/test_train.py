@@ -117,8 +117,8 @@ def test_detach_then_runs_shows_running_then_finished(cpu_venv, train_env, short
 
 def test_sigterm_marks_the_run_and_leaves_a_loadable_checkpoint(cpu_venv, train_env, short_tiny, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), "--config", short_tiny,
-                             "--name", "term", "--", "--steps", "100000"], env=train_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             "--name", "term", "--", "--steps", "100000"], env=train_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "runs" / "term" / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and '"loss"' in metrics.read_text(), what="the first step")
     proc.send_signal(signal.SIGTERM)

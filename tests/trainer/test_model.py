@@ -265,7 +265,8 @@ def test_the_demo_run_learns_and_writes_every_metric_to_its_schema(tiny_run):
     [walk] = [r for r in rows if r.get("method") == "walk"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert walk["walk_tau"] >= 1 and {"walk_repeat_tau", "walk_copy_tau", "walk_near_ties"} <= walk.keys()
-    assert len(steps) == summary["steps"] and {"step", "loss", "tokens_per_s", "lr", "peak_mem_bytes"} <= steps[0].keys()
+    assert len(steps) == summary["steps"]
+    assert {"step", "loss", "tokens_per_s", "lr", "peak_mem_bytes"} <= steps[0].keys()
     assert {"acceptance_length", "baseline_repeat_tau", "baseline_copy_tau"} <= evals[-1].keys()
     assert evals[-1]["acceptance_length"] > evals[0]["acceptance_length"]
     assert summary["loss_end"] < summary["loss_start"]
