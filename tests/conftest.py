@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,21 @@ from helpers import ONE_STEP, build_wheel, run_envkit, run_trainer, write_profil
 # (two-thread processes side by side on two cores spin waiting for each other's cores).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_configure(config):
+    """Inductor's C++ kernels through tools/g++, a compiler cache for this run (its docstring says why). The
+    first process to configure (xdist's controller) makes the directory; the workers it starts inherit it."""
+    if "ENVKIT_TEST_CXX_CACHE" in os.environ or "CXX" in os.environ:
+        return  # a compiler the user chose, or the controller already set it up for this worker
+    config.cxx_cache = tempfile.mkdtemp(prefix="envkit-tests-cxx-")
+    os.environ["ENVKIT_TEST_CXX_CACHE"] = config.cxx_cache
+    os.environ["CXX"] = str(Path(__file__).parent / "tools" / "g++")
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "cxx_cache", None):
+        shutil.rmtree(config.cxx_cache, ignore_errors=True)
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:

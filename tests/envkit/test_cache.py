@@ -68,9 +68,7 @@ def test_concurrent_warmers_serialise(cpu_venv, tmp_path):
     """Two warmers of one cold cache: the lock makes the second wait, so it only hits what the first compiled.
     Without the lock both would compile (both miss), and this fails."""
     root = tmp_path / "cold-root"
-    config = tmp_path / "one-bucket.json"
-    config.write_text(json.dumps({"preset": "tiny", "data": {"buckets": [64]}}))  # one bucket: half the compile
-    command = [sys.executable, "-m", "envkit", "warm-cache", "--venv", str(cpu_venv), "--config", str(config), "--json"]
+    command = [sys.executable, "-m", "envkit", "warm-cache", "--venv", str(cpu_venv), "--json"]
     procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cache_env(root))
              for _ in range(2)]
     outputs = [p.communicate(timeout=900) for p in procs]

@@ -1,12 +1,12 @@
 """`envkit run -- COMMAND` as a user runs it: their own script, preflight, a run dir, a compile cache a second run
-hits, tampering and pollution that stop it, a detached run; and Slurm's placement read from SLURM_*."""
+hits, tampering and pollution that stop it, a detached run; and Slurm's placement read from SLURM_* (two srun
+nodes training together: test_scaleout.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -159,38 +159,3 @@ def test_slurm_placement_is_derived_and_what_the_user_gives_wins():
     assert slurm.placement_env(batch_script) == {}
     with pytest.raises(RunError, match="one per node"):
         slurm.placement(step | {"SLURM_NTASKS": "16"})
-
-
-@pytest.mark.e2e
-def test_two_srun_tasks_train_together_with_no_node_option_typed(cpu_venv, warm_cache_root, tmp_path):
-    """Two processes as `srun --nodes 2 --ntasks-per-node 1 envkit train` starts them (loopback hosts), one runs
-    dir as on a shared file system: they meet at the first host, one drafter, a run dir per node."""
-    import shutil
-    import socket
-
-    cache = tmp_path / "cache"
-    shutil.copytree(warm_cache_root, cache, symlinks=True)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = tmp_path / "short.json"
-    config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 8, "eval_every": 0,
-                                  "data": {"num_sequences": 32, "eval_sequences": 4}}))
-    procs = []
-    for node in (0, 1):
-        env = dict(os.environ, ENVKIT_CACHE_DIR=str(cache), ENVKIT_HOME=str(tmp_path / f"home{node}"),
-                   OMP_NUM_THREADS="1", SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_JOB_NODELIST="127.0.0.[1-2]",
-                   SLURM_JOB_NUM_NODES="2", SLURM_NODEID=str(node), SLURM_PROCID=str(node), SLURM_NTASKS="2",
-                   SLURM_LOCALID="0")
-        procs.append(subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), "--config",
-                                       str(config), "--rdzv-port", str(port), "--", "--steps", "4"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-    outputs = [proc.communicate(timeout=900) for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0], [err[-3000:] for _out, err in outputs]
-    runs = Path(os.environ["ENVKIT_RUNS_DIR"])
-    records = [record(runs, f"slurm-4242-node{node}") for node in (0, 1)]
-    assert {r["node"]["group_rank"] for r in records} == {0, 1} and {r["node"]["nnodes"] for r in records} == {2}
-    assert all(f"127.0.0.1:{port}" in r["command"] for r in records)
-    [summary] = [json.loads((runs / f"slurm-4242-node{n}" / "summary.json").read_text()) for n in (0, 1)
-                 if (runs / f"slurm-4242-node{n}" / "summary.json").exists()]
-    assert summary["world_size"] == 2 and summary["steps"] == 4

@@ -1,5 +1,6 @@
 """More than one process and node, on CPU as a user runs it: torchrun through `envkit train`, two nodes
-simulated on this machine (each its own ENVKIT_HOME, runs dir and compile cache), a worker SIGKILLed."""
+simulated on this machine (each its own ENVKIT_HOME and compile cache), placed by hand or by srun, a worker
+SIGKILLed."""
 
 from __future__ import annotations
 
@@ -65,11 +66,21 @@ def loss_steps(run_dir: Path) -> list[int]:
             if '"loss"' in line]
 
 
-def test_two_nodes_train_one_drafter_from_one_warm_cache(cpu_venv, warm_cache_root, tmp_path):
-    """Warm on one node, `cache export`, `cache import --sha256` on the other; both nodes' ranks hit it."""
+def srun_env(tmp_path: Path, node: int, cache: Path | None = None) -> dict:
+    """What `srun --nodes 2 --ntasks-per-node 1` gives task `node` (loopback hosts), its runs dir shared as on a
+    shared file system."""
+    return node_env(tmp_path, node, cache) | {
+        "ENVKIT_RUNS_DIR": str(tmp_path / "runs"), "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NODELIST": "127.0.0.[1-2]", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": str(node),
+        "SLURM_PROCID": str(node), "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}
+
+
+def test_two_srun_nodes_train_one_drafter_from_one_warm_cache(cpu_venv, warm_cache_root, tmp_path):
+    """Two nodes as srun starts them, no node option typed: warm on one, `cache export`, `cache import --sha256`
+    on the other; they meet at the first host, train one drafter, keep a run dir per node, and both hit."""
     cache0 = tmp_path / "cache0"
     shutil.copytree(warm_cache_root, cache0, symlinks=True)
-    envs = [node_env(tmp_path, 0, cache0), node_env(tmp_path, 1)]
+    envs = [srun_env(tmp_path, 0, cache0), srun_env(tmp_path, 1)]
     bundle = tmp_path / "tiny.envkit-cache"
     exported = json.loads(run_envkit("cache", "export", str(bundle), "--venv", str(cpu_venv), "--json", env=envs[0],
                                      check=True).stdout)
@@ -79,20 +90,25 @@ def test_two_nodes_train_one_drafter_from_one_warm_cache(cpu_venv, warm_cache_ro
     config = tmp_path / "short.json"
     config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 16, "eval_every": 0,
                                   "data": {"num_sequences": 64, "eval_sequences": 4}}))
-    finish(start_nodes(cpu_venv, tmp_path, envs, "--config", str(config), "--", "--steps", "12"))
-    writer = writer_dir(tmp_path)
+    port = free_port()
+    finish([subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), "--config",
+                              str(config), "--rdzv-port", str(port), "--", "--steps", "12"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for env in envs])
+    dirs = [tmp_path / "runs" / f"slurm-4242-node{node}" for node in (0, 1)]  # the job's name, one per node
+    [writer] = [d for d in dirs if (d / "summary.json").exists()]
     summary = json.loads((writer / "summary.json").read_text())
     assert summary["steps"] == 12 and summary["world_size"] == 2 and summary["restarts"] == 0
     assert loss_steps(writer) == list(range(1, 13))
-    for run_dir in run_dirs(tmp_path):
+    for run_dir in dirs:
         record = json.loads((run_dir / "run.json").read_text())
         assert record["status"] == "finished" and record["node"]["nnodes"] == 2
         assert record["node"]["writer"] == (run_dir == writer)
+        assert f"127.0.0.1:{port}" in record["command"]  # the first host of the nodelist
         assert "warm-cache" not in record["preflight_s"]  # neither node compiled: the cache was warm on both
         [warmup] = [line for line in (run_dir / "train.log").read_text().splitlines() if "warm-up:" in line]
         assert "'fxgraph_cache_miss': 0" in warmup and "'fxgraph_cache_hit': 0" not in warmup, warmup
     assert summary["fxgraph_cache_miss"] == 0 and summary["fxgraph_cache_hit"] > 0  # summed over both ranks
-    assert {json.loads((d / "run.json").read_text())["node"]["group_rank"] for d in run_dirs(tmp_path)} == {0, 1}
+    assert {json.loads((d / "run.json").read_text())["node"]["group_rank"] for d in dirs} == {0, 1}
 
 
 def worker_pid(runs_dir: Path) -> int:

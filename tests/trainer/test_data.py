@@ -198,9 +198,11 @@ def test_envkit_train_prepares_once_and_trains_two_epochs(tmp_path, cpu_venv, wa
     cache = tmp_path / "cache"
     shutil.copytree(warm_cache_root, cache, symlinks=True)
     env = dict(os.environ, ENVKIT_CACHE_DIR=str(cache))
+    config = tmp_path / "short-walk.json"  # the tiny preset's shapes (the cache key) with a short walk
+    config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 16, "eval_every": 0}))
     runs = []
     for name in ("first", "second"):
-        proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "tiny", "--name", name, "--", "--data",
+        proc = run_envkit("train", "--venv", str(cpu_venv), "--config", str(config), "--name", name, "--", "--data",
                           str(rows), "--epochs", "2", env=env, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         runs.append(Path(os.environ["ENVKIT_RUNS_DIR"]) / name)

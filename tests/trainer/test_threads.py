@@ -147,10 +147,19 @@ def test_a_slow_target_worker_keeps_out_of_order_results_bounded(tmp_path):
     trainer.close()
 
 
+def small_config(tmp_path) -> str:
+    """The tiny preset's model with a little data and a short walk: these runs check processes, not learning."""
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps({"preset": "tiny", "data": {"num_sequences": 32, "eval_sequences": 4},
+                                "walk_prompts": 2, "walk_new_tokens": 16, "eval_every": 0}))
+    return str(path)
+
+
 @pytest.mark.e2e
 def test_failure_exits_nonzero_with_the_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--out", str(tmp_path / "o"), "--no-compile",
-                           "--steps", "50", "--targets", "cpu", "--drafters", "cpu,cpu", "--fail-at", "target:0:2"],
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", small_config(tmp_path), "--out",
+                           str(tmp_path / "o"), "--no-compile", "--steps", "50", "--targets", "cpu", "--drafters",
+                           "cpu,cpu", "--fail-at", "target:0:2"],
                           capture_output=True, text=True, cwd=PROJECT, timeout=300)
     assert proc.returncode != 0
     assert "InjectedFailure" in proc.stderr and "Traceback" in proc.stderr
@@ -160,8 +169,8 @@ def test_failure_exits_nonzero_with_the_traceback(tmp_path):
 def test_torchrun_two_ranks_on_cpu(tmp_path):
     out = tmp_path / "dist"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "trainer", "train", "--preset", "tiny", "--steps", "20", "--no-compile",
-                           "--out", str(out)], capture_output=True, text=True, cwd=PROJECT, timeout=600,
+                           "-m", "trainer", "train", "--config", small_config(tmp_path), "--steps", "20",
+                           "--no-compile", "--out", str(out)], capture_output=True, text=True, cwd=PROJECT, timeout=600,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     digests = {line.split("sha256 ")[1].split(",")[0] for line in proc.stdout.splitlines() if "drafter weights" in line}
