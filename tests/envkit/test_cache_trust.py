@@ -230,15 +230,26 @@ def test_unrelated_broken_cache_does_not_fail_this_venv_and_strict_means_somethi
     assert proc.returncode == 0, [f for f in report["findings"] if f["status"] != "ok"]
 
 
-def _children_running(pattern: str) -> list[int]:
+def _warmups_of(parent: int) -> list[int]:
+    """The `python -m trainer warmup` processes whose parent is `parent`: the other xdist worker may be warming a
+    cache of its own at the same moment, and its warm-up must not be taken for this one's."""
     pids = []
     for proc_dir in Path("/proc").iterdir():
         try:
-            if proc_dir.name.isdigit() and pattern in (proc_dir / "cmdline").read_bytes().decode(errors="replace"):
+            if (proc_dir.name.isdigit() and b"trainer\0warmup" in (proc_dir / "cmdline").read_bytes()
+                    and int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent):
                 pids.append(int(proc_dir.name))
         except OSError:
             continue
     return pids
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie (a dead child of init is reaped at once; of a subreaper, maybe not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_killed_warm_cache_takes_its_warmup_child_with_it(cpu_venv, tmp_path):
@@ -248,15 +259,15 @@ def test_a_killed_warm_cache_takes_its_warmup_child_with_it(cpu_venv, tmp_path):
     deadline = time.monotonic() + 120
     children = []
     while time.monotonic() < deadline and not children:
-        children = _children_running("trainer\0warmup")  # argv of `python -m trainer warmup ...`
+        children = _warmups_of(proc.pid)
         time.sleep(0.2)
     assert children, "the warm-up child never started"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(pid in _children_running("trainer\0warmup") for pid in children):
+    while time.monotonic() < deadline and any(map(_alive, children)):
         time.sleep(0.2)
-    assert not any(pid in _children_running("trainer\0warmup") for pid in children)
+    assert not any(map(_alive, children))
 
 
 # -- reads that must not block ------------------------------------------------------------------------------
