@@ -148,19 +148,21 @@ def test_trainer_arguments_reach_warm_up_and_run_json(cpu_venv, warm_cache_root,
     root = tmp_path / "cache-root"
     shutil.copytree(warm_cache_root, root, symlinks=True)
     env = dict(os.environ, ENVKIT_CACHE_DIR=str(root), ENVKIT_RUNS_DIR=str(tmp_path / "runs"))
-    # One bucket and a short evaluation: the cold warm-up for batch 4 is the test, not two buckets of it.
+    # The file says batch 4, the argument 8: a warm-up that missed the argument would compile batch 4 and the run
+    # would miss. One bucket of 64 and a short evaluation (the shapes the in-process compile tests use, so their
+    # kernels are built once in the run: tests/tools/g++).
     config = tmp_path / "one-bucket.json"
-    config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 16,
+    config.write_text(json.dumps({"preset": "tiny", "batch_size": 4, "walk_prompts": 2, "walk_new_tokens": 16,
                                   "data": {"buckets": [64], "num_sequences": 64, "eval_sequences": 4}}))
-    proc = run_envkit("train", "--venv", str(cpu_venv), "--config", str(config), "--name", "b4", "--",
-                      "--batch-size", "4", "--steps", "3", env=env, timeout=1200)
+    proc = run_envkit("train", "--venv", str(cpu_venv), "--config", str(config), "--name", "b8", "--",
+                      "--batch-size", "8", "--steps", "3", env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "b4"
+    run_dir = tmp_path / "runs" / "b8"
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["config"]["batch_size"] == 4
-    assert json.loads((run_dir / "config.json").read_text())["batch_size"] == 4
+    assert record["config"]["batch_size"] == 8
+    assert json.loads((run_dir / "config.json").read_text())["batch_size"] == 8
     assert "--config" in record["command"] and str(run_dir / "config.json") in record["command"]
-    # Warmed for batch 4 by this very command: the run itself only hits.
+    # Warmed for batch 8 by this very command: the run itself only hits.
     assert record["summary"]["fxgraph_cache_miss"] == 0 and record["summary"]["fxgraph_cache_hit"] > 0
     assert record["summary"] == json.loads((run_dir / "summary.json").read_text())
 
