@@ -181,6 +181,9 @@ def cmd_eval(args) -> int:
     from trainer.train import checkpoint
     from trainer.train.loop import Trainer
 
+    taps = [int(t) for t in args.taps.split(",")] if args.taps else None
+    if (taps is not None or args.zero_context or args.prompts) and not args.walk:
+        raise TrainerInputError("--taps, --zero-context and --prompts change the decoding walk: give --walk too")
     state = checkpoint.load(Path(args.ckpt))
     cfg = TrainConfig.from_dict(state["config"])
     # Evaluation reads only the held-out data (its own seed): the training data is made as small as it may be.
@@ -191,9 +194,6 @@ def cmd_eval(args) -> int:
     trainer = Trainer.sequential(cfg, Path(args.ckpt).parent, device=args.device,
                                  log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)
-    taps = [int(t) for t in args.taps.split(",")] if args.taps else None
-    if (taps is not None or args.zero_context or args.prompts) and not args.walk:
-        raise TrainerInputError("--taps, --zero-context and --prompts change the decoding walk: give --walk too")
     prompts = None
     if args.prompts:
         from trainer.data.rows import read_prompts
@@ -288,9 +288,9 @@ def cmd_describe(args) -> int:
     import platform
     from importlib import metadata
 
+    cfg = _config(args)  # a bad config is answered before torch's import (~1.5 s)
     import torch
 
-    cfg = _config(args)
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         device = f"{name} (sm_{''.join(map(str, torch.cuda.get_device_capability(0)))})"

@@ -197,6 +197,12 @@ def test_a_flag_a_layout_cannot_honour_is_refused(tmp_path, args, needle):
     assert "Traceback" not in proc.stderr
 
 
+def test_walk_ablations_without_the_walk_are_refused_before_the_checkpoint_is_read(tmp_path):
+    absent = str(tmp_path / "absent.pt")  # named, never read: the flags are wrong whatever it holds
+    for flag in (("--taps", "0"), ("--zero-context",), ("--prompts", str(tmp_path / "prompts.jsonl"))):
+        assert "give --walk too" in one_line_error(run_trainer("eval", "--ckpt", absent, *flag))
+
+
 @pytest.mark.e2e
 def test_strict_compile_in_the_sequential_layout_stops_at_a_recompile(tmp_path, monkeypatch):
     """The sequential layout honours --strict-compile: a shape compiled after warm-up stops the run."""
