@@ -191,27 +191,31 @@ def cmd_eval(args) -> int:
     # one-off evaluation would pay the compile.
     cfg.data.num_sequences = min(cfg.data.num_sequences, cfg.batch_size)
     cfg.attention, cfg.compile = "sdpa", False
+    prompts = _walk_prompts(args.prompts, cfg) if args.prompts else None  # a bad file fails before the model is built
     trainer = Trainer.sequential(cfg, Path(args.ckpt).parent, device=args.device,
                                  log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)
-    prompts = None
-    if args.prompts:
-        from trainer.data.rows import read_prompts
-        from trainer.model.target import target_dir
-
-        tokenizer_dir = trainer.setup.tokenizer_path or target_dir(cfg.target)
-        tokenizer = None
-        if tokenizer_dir:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-        prompts = read_prompts(args.prompts, tokenizer, cfg.data.chat_template_kwargs, cfg.walk_prompts)
-        too_long = [i for i, p in enumerate(prompts, 1) if len(p) + cfg.walk_new_tokens > cfg.target.max_position_embeddings]
-        if too_long:
-            raise TrainerInputError(f"--prompts {args.prompts}: prompt {too_long[0]} with {cfg.walk_new_tokens} new "
-                                    f"tokens exceeds the target's {cfg.target.max_position_embeddings} positions")
     print(json.dumps(trainer.evaluate_walk(taps, args.zero_context, prompts) if args.walk else trainer.evaluate()))
     return 0
+
+
+def _walk_prompts(path: str, cfg: TrainConfig) -> list[list[int]]:
+    """--prompts read with the run's tokenizer (the data's, else the target's own; none for a random target)."""
+    from trainer.data.rows import read_prompts
+    from trainer.model.target import target_dir
+    from trainer.train.setup import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg)
+    if tokenizer is None and (directory := target_dir(cfg.target)):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    prompts = read_prompts(path, tokenizer, cfg.data.chat_template_kwargs, cfg.walk_prompts)
+    too_long = [i for i, p in enumerate(prompts, 1) if len(p) + cfg.walk_new_tokens > cfg.target.max_position_embeddings]
+    if too_long:
+        raise TrainerInputError(f"--prompts {path}: prompt {too_long[0]} with {cfg.walk_new_tokens} new "
+                                f"tokens exceeds the target's {cfg.target.max_position_embeddings} positions")
+    return prompts
 
 
 def cmd_export(args) -> int:
