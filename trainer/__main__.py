@@ -211,10 +211,11 @@ def _walk_prompts(path: str, cfg: TrainConfig) -> list[list[int]]:
 
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     prompts = read_prompts(path, tokenizer, cfg.data.chat_template_kwargs, cfg.walk_prompts)
-    too_long = [i for i, p in enumerate(prompts, 1) if len(p) + cfg.walk_new_tokens > cfg.target.max_position_embeddings]
+    positions = cfg.target.max_position_embeddings
+    too_long = [i for i, prompt in enumerate(prompts, 1) if len(prompt) + cfg.walk_new_tokens > positions]
     if too_long:
         raise TrainerInputError(f"--prompts {path}: prompt {too_long[0]} with {cfg.walk_new_tokens} new "
-                                f"tokens exceeds the target's {cfg.target.max_position_embeddings} positions")
+                                f"tokens exceeds the target's {positions} positions")
     return prompts
 
 
