@@ -230,6 +230,11 @@ def test_unrelated_broken_cache_does_not_fail_this_venv_and_strict_means_somethi
     assert proc.returncode == 0, [f for f in report["findings"] if f["status"] != "ok"]
 
 
+def _stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first, then the parent's pid)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _warmups_of(parent: int) -> list[int]:
     """The `python -m trainer warmup` processes whose parent is `parent`: the other xdist worker may be warming a
     cache of its own at the same moment, and its warm-up must not be taken for this one's."""
@@ -237,7 +242,7 @@ def _warmups_of(parent: int) -> list[int]:
     for proc_dir in Path("/proc").iterdir():
         try:
             if (proc_dir.name.isdigit() and b"trainer\0warmup" in (proc_dir / "cmdline").read_bytes()
-                    and int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent):
+                    and int(_stat(proc_dir.name)[1]) == parent):
                 pids.append(int(proc_dir.name))
         except OSError:
             continue
@@ -247,7 +252,7 @@ def _warmups_of(parent: int) -> list[int]:
 def _alive(pid: int) -> bool:
     """Running, not a zombie (a dead child of init is reaped at once; of a subreaper, maybe not)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return _stat(pid)[0] != "Z"
     except OSError:
         return False
 

@@ -36,12 +36,17 @@ def node_env(tmp_path: Path, node: int, cache: Path | None = None) -> dict:
                 ENVKIT_CACHE_DIR=str(cache or tmp_path / f"cache{node}"), OMP_NUM_THREADS="1")
 
 
+def start_train(cpu_venv: Path, env: dict, *args: str) -> subprocess.Popen:
+    """`envkit train` on one simulated node, as a background process."""
+    return subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
 def start_nodes(cpu_venv: Path, tmp_path: Path, envs: list[dict], *args: str) -> list[subprocess.Popen]:
+    """Two nodes placed by hand: every node option typed."""
     port = free_port()
-    return [subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), "--name", "two",
-                              "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
-                              "--rdzv-endpoint", f"127.0.0.1:{port}", *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return [start_train(cpu_venv, env, "--name", "two", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+                        str(node), "--rdzv-endpoint", f"127.0.0.1:{port}", *args)
             for node, env in enumerate(envs)]
 
 
@@ -91,9 +96,8 @@ def test_two_srun_nodes_train_one_drafter_from_one_warm_cache(cpu_venv, warm_cac
     config.write_text(json.dumps({"preset": "tiny", "walk_prompts": 2, "walk_new_tokens": 16, "eval_every": 0,
                                   "data": {"num_sequences": 64, "eval_sequences": 4}}))
     port = free_port()
-    finish([subprocess.Popen([sys.executable, "-m", "envkit", "train", "--venv", str(cpu_venv), "--config",
-                              str(config), "--rdzv-port", str(port), "--", "--steps", "12"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for env in envs])
+    finish([start_train(cpu_venv, env, "--config", str(config), "--rdzv-port", str(port), "--", "--steps", "12")
+            for env in envs])
     dirs = [tmp_path / "runs" / f"slurm-4242-node{node}" for node in (0, 1)]  # the job's name, one per node
     [writer] = [d for d in dirs if (d / "summary.json").exists()]
     summary = json.loads((writer / "summary.json").read_text())
