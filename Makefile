@@ -10,10 +10,15 @@ REFERENCE_DFLASH := dflash==0.1.0
 
 .PHONY: install demo test test-fast bench
 
+# The editable install builds with the interpreter's own setuptools where it is new enough to build a wheel
+# from pyproject.toml alone (>= 71): 3.6 s against 7.4 s for pip's isolated build env; elsewhere, isolated.
+EDITABLE := $(PIP) install -q $(shell $(PYTHON) -c "import setuptools; print('--no-build-isolation' if \
+	int(setuptools.__version__.split('.')[0]) >= 71 else '')" 2>/dev/null) -e
+
 # An editable install writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set nothing ever does: every
 # `envkit` command would compile its ~130 modules from source (25 ms of doctor's 0.3 s). Compile them once.
 install:
-	$(PIP) install -q -e .
+	$(EDITABLE) .
 	$(PYTHON) -m compileall -q envkit trainer
 
 # The main job end to end on the embedded `tiny` CPU default: create, doctor, warm-cache, train, summary.
@@ -23,7 +28,7 @@ demo: install
 # Every tier, on two pytest-xdist workers that share the session's venv, warm cache and trained runs
 # (tests/README.md).
 test:
-	$(PIP) install -q -e '.[dev]' $(TEST_TRAIN_PINS)
+	$(EDITABLE) '.[dev]' $(TEST_TRAIN_PINS)
 	$(PIP) install -q --no-deps $(REFERENCE_DFLASH)
 	$(PYTHON) -m compileall -q envkit trainer
 	$(PYTHON) -m pytest -q -ra -n 2 --dist loadgroup
@@ -31,7 +36,7 @@ test:
 # The unit tier only (tests/README.md): in-process and short subprocesses, no venv built, nothing trained. Its
 # tests are single-threaded, so two workers nearly halve it (159 s -> 85 s on the 2-core VM, bench/RESULTS.md).
 test-fast:
-	$(PIP) install -q -e '.[dev]'
+	$(EDITABLE) '.[dev]'
 	$(PYTHON) -m pytest -q -ra -m unit -n 2
 
 bench:

@@ -25,10 +25,11 @@ pytest.importorskip("torch")
 
 from trainer.common.errors import TrainerInputError  # noqa: E402
 from trainer.config.schema import tiny  # noqa: E402
-from trainer.data import store  # noqa: E402
+from trainer.data import datasets, decode_cache, store  # noqa: E402
 from trainer.data.datasets import Dataset  # noqa: E402
 from trainer.data.rows import Sequence  # noqa: E402
 from trainer.data.storedata import store_datasets  # noqa: E402
+from trainer.model.target import build_target  # noqa: E402
 
 
 def write_rows(path: Path, count: int, seed: int = 0, mode: str = "w") -> Path:
@@ -292,3 +293,23 @@ def test_token_ids_are_checked_at_load_and_skip_bad_skips_them(tmp_path):
     non_utf8.write_bytes(b'{"input_ids": [1, 2]}\n{"input_ids": "\xff\xfe"}\n')
     assert f"{non_utf8}:2: malformed line" in one_line_error(run_trainer("train", "--config", str(config), "--data",
                                                                           str(non_utf8), "--out", str(tmp_path / "o3")))
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_generated_data_decodes_through_a_cache_growing_in_place_to_the_same_tokens(monkeypatch, greedy):
+    """Generation writes each step's keys and values in place (trainer/data/decode_cache.py) where
+    transformers' DynamicCache copies the whole cache: the tokens must be those DynamicCache decodes,
+    sampled and greedy, across the buffer's growth (8 prompt tokens, 120 decoded)."""
+    cfg = tiny()
+    cfg.data.greedy = greedy
+    target = build_target(cfg.target)
+    caches, growing = [], decode_cache.growing_cache
+    monkeypatch.setattr(decode_cache, "growing_cache", lambda: caches.append(growing()) or caches[-1])
+    grown = datasets.generate(target, cfg.data, 6, 1, 3, cfg.drafter.block_size)
+    layers = caches[0].layers
+    assert len(layers) == cfg.target.num_layers and all(type(layer) is decode_cache.GrowingLayer for layer in layers)
+    assert layers[0].filled == 127 and layers[0].key_buffer.shape[-2] > 2 * 8  # 8 prompt tokens + 119 fed; it grew
+    monkeypatch.setattr(decode_cache, "growing_cache", decode_cache.DynamicCache)
+    copied = datasets.generate(target, cfg.data, 6, 1, 3, cfg.drafter.block_size)
+    assert [s.input_ids for s in grown.sequences] == [s.input_ids for s in copied.sequences]
+    assert len({len(s.input_ids) for s in grown.sequences}) > 1

@@ -268,7 +268,7 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
     in the last `ban_recent` positions (plain greedy decoding of a random target collapses into
     repetition that trivial copy rules predict better than any drafter). Prompts are random tokens
     unless given (`prompt_len` tokens each)."""
-    from transformers import DynamicCache
+    from trainer.data.decode_cache import growing_cache  # transformers: imported where a target decodes
 
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
@@ -289,7 +289,7 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
         else:
             tokens = torch.tensor(prompts[start:start + n], dtype=torch.long)
         tokens = tokens.to(device)
-        cache = DynamicCache()
+        cache = growing_cache()
         step_input = tokens
         for _ in range(max_len - cfg.prompt_len):
             logits = target(input_ids=step_input, past_key_values=cache, use_cache=True).logits[:, -1].float()
