@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trainer.common.errors import TrainerInputError
 from trainer.common.files import atomic_write, loads_json, read_json_file, read_json_record
+from trainer.common import torch_build
 from trainer.common.records import headline
 from trainer.config.schema import TrainConfig, resolve
 from trainer.train.faults import Faults
@@ -288,12 +289,8 @@ def _refuse_train_only_flags(args, command: str) -> None:
         raise TrainerInputError(f"{', '.join(given)} only apply to `train`, not `{command}`")
 
 
-def cmd_describe(args) -> int:
-    """What decides compile-cache reuse here: versions, device, and the preset's compile-relevant config."""
-    import platform
-    from importlib import metadata
-
-    cfg = _config(args)  # a bad config is answered before torch's import (~1.5 s)
+def _torch_build() -> dict:
+    """torch's own account of its build and the device it would run on (an accelerator build needs torch)."""
     import torch
 
     if torch.cuda.is_available():
@@ -301,12 +298,21 @@ def cmd_describe(args) -> int:
         device = f"{name} (sm_{''.join(map(str, torch.cuda.get_device_capability(0)))})"
     else:
         device = f"cpu ({torch.backends.cpu.get_cpu_capability()})"
+    return {"torch": str(torch.__version__), "cuda": torch.version.cuda, "device": device}
+
+
+def cmd_describe(args) -> int:
+    """What decides compile-cache reuse here: versions, device, and the preset's compile-relevant config."""
+    import platform
+    from importlib import metadata
+
+    cfg = _config(args)  # a bad config is answered before torch is read
+    build = torch_build.without_import() or _torch_build()
     try:
         triton = metadata.version("triton")
     except metadata.PackageNotFoundError:
         triton = None
-    print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton,
-                      "python": platform.python_version(), "device": device, "preset": cfg.preset,
+    print(json.dumps({**build, "triton": triton, "python": platform.python_version(), "preset": cfg.preset,
                       "config": cfg.compile_key(), "full_config": cfg.to_dict()}, sort_keys=True))
     return 0
 

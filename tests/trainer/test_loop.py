@@ -43,6 +43,25 @@ def test_bad_config_names_the_key(tmp_path, config, needle):
     assert proc.returncode == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_describe_reports_what_torch_reports_without_importing_it():
+    """describe keys every compile cache: on a CPU-only build it reads torch/version.py and the CPU's flags
+    (trainer/common/torch_build.py) instead of importing torch, and must say what torch itself says; with
+    ATEN_CPU_CAPABILITY set it asks torch."""
+    truth = subprocess.run([sys.executable, "-c", "import json, torch; print(json.dumps([str(torch.__version__), "
+                            "torch.version.cuda, torch.cuda.is_available(), torch.backends.cpu.get_cpu_capability()]))"],
+                           capture_output=True, text=True, check=True)
+    version, cuda, has_gpu, capability = json.loads(truth.stdout)
+    if cuda is not None or has_gpu:
+        pytest.skip("a torch built for an accelerator is described by torch itself")
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "trainer", "describe", "--preset", "tiny"],
+                          capture_output=True, text=True, cwd=PROJECT)
+    described = json.loads(proc.stdout)
+    assert (described["torch"], described["cuda"], described["device"]) == (version, None, f"cpu ({capability})")
+    assert not [line for line in proc.stderr.splitlines() if line.endswith("| torch")], "describe imported torch"
+    forced = run_trainer("describe", "--preset", "tiny", env=dict(os.environ, ATEN_CPU_CAPABILITY="default"))
+    assert json.loads(forced.stdout)["device"] == "cpu (DEFAULT)"
+
+
 @pytest.mark.e2e
 def test_checkpoints_never_unpickle_code(tmp_path):
     path = tmp_path / "checkpoint.pt"
