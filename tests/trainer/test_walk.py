@@ -55,3 +55,16 @@ def test_a_wrong_draft_is_cropped_from_the_cache(target):
 
     walked, per_forward = walk.walk(target, half_right, prompt, 24, 8, [1, 2])
     assert walked == greedy and per_forward[:-1] == [4] * (len(per_forward) - 1)
+
+
+@torch.no_grad()
+def test_continuations_decoded_together_are_each_prompts_own(target, monkeypatch):
+    """A walk's reference continuations decode prompts of one length as a batch (and in chunks when their logits
+    would not fit): each row is the prompt's own greedy decoding, as full forwards give it."""
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 500, (length,), generator=generator).tolist() for length in (9, 14, 9, 9, 14)]
+    monkeypatch.setattr(walk, "CONTINUATION_LOGITS_BYTES", 2 * 24 * 512 * 4)  # two rows a batch: 9, 9 | 9 | 14, 14
+    together = walk.greedy_continuations(target, prompts, 24)
+    for prompt, (greedy, logits) in zip(prompts, together):
+        assert greedy == full_forward_greedy(target, prompt, 24) and logits.shape == (24, 512)
+        assert greedy == logits.argmax(-1).tolist()
