@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from trainer.common import torch_build
 from trainer.common.errors import TrainerInputError
 from trainer.common.files import atomic_write, loads_json, read_json_file, read_json_record
-from trainer.common import torch_build
 from trainer.common.records import headline
 from trainer.config.schema import TrainConfig, resolve
 from trainer.train.faults import Faults

@@ -1,4 +1,5 @@
-"""The KV cache that generating data decodes through: transformers' DynamicCache, its layers growing in place."""
+"""The KV cache of decoding many rows at once (generated data, the walk's reference continuations): transformers'
+DynamicCache, its layers growing in place."""
 
 from __future__ import annotations
 
