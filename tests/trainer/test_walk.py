@@ -64,7 +64,9 @@ def test_continuations_decoded_together_are_each_prompts_own(target, monkeypatch
     generator = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 500, (length,), generator=generator).tolist() for length in (9, 14, 9, 9, 14)]
     monkeypatch.setattr(walk, "CONTINUATION_LOGITS_BYTES", 2 * 24 * 512 * 4)  # two rows a batch: 9, 9 | 9 | 14, 14
-    together = walk.greedy_continuations(target, prompts, 24)
-    for prompt, (greedy, logits) in zip(prompts, together):
+    together = list(walk.greedy_continuations(target, prompts, 24))
+    assert sorted(index for index, _, _ in together) == list(range(len(prompts)))
+    for index, greedy, logits in together:
+        prompt = prompts[index]
         assert greedy == full_forward_greedy(target, prompt, 24) and logits.shape == (24, 512)
         assert greedy == logits.argmax(-1).tolist()

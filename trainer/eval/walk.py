@@ -14,6 +14,7 @@ verification forwards (they were 5 of every 6 target forwards of the walk).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -76,11 +77,12 @@ CONTINUATION_LOGITS_BYTES = 256 << 20
 
 
 @torch.no_grad()
-def greedy_continuations(target, prompts: list[list[int]], new_tokens: int) -> list[tuple[list[int], torch.Tensor]]:
+def greedy_continuations(target, prompts: list[list[int]], new_tokens: int) -> Iterator[tuple[int, list[int], torch.Tensor]]:
     """The target's own greedy decoding of each prompt (KV cache, one position a forward, tokens kept on the
-    device) and the logits behind each choice: -> per prompt (tokens, (new_tokens, V) logits). Prompts of one
-    length decode as one batch, one forward a token for all of them (16 prompts: 64 forwards, not 1,024); a
-    row's logits may round apart from a lone decode's in the last bits, which check_lossless calls a near-tie."""
+    device) and the logits behind each choice: yields (prompt index, tokens, (new_tokens, V) logits), a batch at
+    a time, so a caller done with a batch frees its logits. Prompts of one length decode as one batch, one forward
+    a token for all of them (16 prompts: 64 forwards, not 1,024); a row's logits may round apart from a lone
+    decode's in the last bits, which check_lossless calls a near-tie."""
     from trainer.data.decode_cache import growing_cache  # transformers: imported where a target decodes
 
     device = next(target.parameters()).device
@@ -89,7 +91,6 @@ def greedy_continuations(target, prompts: list[list[int]], new_tokens: int) -> l
     by_length: dict[int, list[int]] = {}
     for index, prompt in enumerate(prompts):
         by_length.setdefault(len(prompt), []).append(index)
-    results: list = [None] * len(prompts)
     for indices in by_length.values():
         for start in range(0, len(indices), rows):
             batch = indices[start:start + rows]
@@ -100,13 +101,13 @@ def greedy_continuations(target, prompts: list[list[int]], new_tokens: int) -> l
             stacked = torch.stack(logits, dim=1)  # (rows, new_tokens, V)
             chosen = stacked.argmax(-1).tolist()
             for row, index in enumerate(batch):
-                results[index] = (chosen[row], stacked[row])
-    return results
+                yield index, chosen[row], stacked[row]
 
 
 def greedy_continuation(target, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
     """One prompt's greedy continuation and its logits (greedy_continuations of one prompt)."""
-    return greedy_continuations(target, [prompt], new_tokens)[0]
+    _index, tokens, logits = next(greedy_continuations(target, [prompt], new_tokens))
+    return tokens, logits
 
 
 def repeat_proposer(block_size: int):
@@ -224,9 +225,10 @@ def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, bl
     """Walk tau of the drafter (verified by the target, checked lossless) and of the two rules, over the
     same prompts."""
     rules = {"repeat": repeat_proposer(block_size), "copy": copy_proposer(block_size)}
-    per_prompt = {name: [] for name in ("drafter", *rules)}
+    per_prompt = {name: [0.0] * len(prompts) for name in ("drafter", *rules)}
     near_ties = 0
-    for prompt, (greedy, logits) in zip(prompts, greedy_continuations(target, prompts, new_tokens)):
+    for index, greedy, logits in greedy_continuations(target, prompts, new_tokens):
+        prompt = prompts[index]
         walked, per_forward = walk(target, drafter, prompt, new_tokens, block_size, layer_ids)
         if not check_lossless(walked, greedy, logits, dtype):
             near_ties += 1
@@ -234,8 +236,8 @@ def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, bl
         # tokens, which the target verified.
         for name, propose in rules.items():
             per_forward_rule = rule_walk(propose, prompt, walked, new_tokens)
-            per_prompt[name].append(sum(per_forward_rule) / len(per_forward_rule) if per_forward_rule else 1.0)
-        per_prompt["drafter"].append(sum(per_forward) / len(per_forward) if per_forward else 1.0)
+            per_prompt[name][index] = sum(per_forward_rule) / len(per_forward_rule) if per_forward_rule else 1.0
+        per_prompt["drafter"][index] = sum(per_forward) / len(per_forward) if per_forward else 1.0
 
     def mean(values):
         return round(sum(values) / len(values), 4) if values else 0.0
