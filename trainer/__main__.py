@@ -473,7 +473,7 @@ def main(argv=None) -> int:
                                     "mitigation removes it (JSON; exit 1 when one fails)")
     p = sub.add_parser("make-target", help="train a small Qwen3 target and tokenizer on this interpreter's stdlib "
                                            "sources (the `code` preset's target)")
-    p.add_argument("--recipe", default="code_tiny", help="code_tiny (CPU, ~2 min) | code_small (one GPU)")
+    p.add_argument("--recipe", default="code_tiny", help="code_tiny (CPU, ~1 min) | code_small (one GPU)")
     p.add_argument("--out", help="directory to create (default: built once into $ENVKIT_HOME/targets and reused)")
     p = sub.add_parser("eval", help="re-evaluate a checkpoint: teacher-forced tau, or the decoding walk (--walk)")
     p.add_argument("--ckpt", required=True)

@@ -65,11 +65,9 @@ def test_code_preset_builds_a_loadable_target_and_its_drafter_beats_the_rules(co
     assert tokenizer.decode(tokenizer("def f(x):\n    return x")["input_ids"]) == "def f(x):\n    return x"
 
     summary = json.loads((run_dir / "summary.json").read_text())
-    # Held with room on any machine: the walk measured 2.20 against the rules' 2.07 (a 6% lead is no margin to
-    # assert on); what cannot vary is that the drafter learned to draft (an untrained one walks ~1.0) and that it
-    # is in the rules' league.
-    assert summary["walk_tau"] > 1.5, summary
-    assert summary["walk_tau"] > 0.85 * max(summary["walk_copy_tau"], summary["walk_repeat_tau"]), summary
+    # After 600 steps the walk led the better rule by 22-50% on code_tiny built from four recipe seeds (2.71 vs
+    # 2.22 the least, bench/RESULTS.md "A cheaper code_tiny"): a 10% lead holds with 2x room.
+    assert summary["walk_tau"] > 1.1 * max(summary["walk_copy_tau"], summary["walk_repeat_tau"]), summary
     assert "walk example (held-out prompt " in output and "accepted" in output and "rejected" in output
     assert "\r" not in (run_dir / "train.log").read_text()  # no progress bars in the log
 
@@ -159,12 +157,13 @@ def _walks(ckpt: Path, *ablations: tuple[str, ...], env: dict | None = None) -> 
 @pytest.mark.e2e
 def test_a_tap_error_costs_acceptance_on_the_trained_target(code_run):
     """The drafter's walk fed another layer's states (a tap error) or zeros: on code_tiny it drafts clearly
-    worse, so the acceptance comes from the target's features and a wrong tap cannot go unseen."""
+    worse, so the acceptance comes from the target's features and a wrong tap cannot go unseen. Measured after
+    600 steps on targets of four recipe seeds: layer 0 for layer 2 cost 12-22%, zeros 50-59%."""
     run_dir, env, _, _ = code_run
     right, zeroed, tap0 = _walks(run_dir / "checkpoint.pt", (), ("--zero-context",), ("--taps", "0"), env=env)
     recorded = json.loads((run_dir / "summary.json").read_text())["walk_tau"]
     assert abs(right - recorded) <= 0.03 * recorded, (right, recorded)  # the run's own walk, another transformers
-    assert zeroed <= 0.8 * right
+    assert zeroed <= 0.75 * right
     assert tap0 <= 0.95 * right
 
 

@@ -260,7 +260,7 @@ def tiny() -> TrainConfig:
 
 def code() -> TrainConfig:
     """A drafter for a target that has learned something: code_tiny, trained here on the stdlib sources (built
-    the first time, about two minutes), continuing prompts cut from its training files; the walk runs on
+    the first time, about a minute), continuing prompts cut from its training files; the walk runs on
     prompts from held-out files."""
     return TrainConfig(
         preset="code",
