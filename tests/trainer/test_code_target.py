@@ -158,7 +158,7 @@ def _walks(ckpt: Path, *ablations: tuple[str, ...], env: dict | None = None) -> 
 def test_a_tap_error_costs_acceptance_on_the_trained_target(code_run):
     """The drafter's walk fed another layer's states (a tap error) or zeros: on code_tiny it drafts clearly
     worse, so the acceptance comes from the target's features and a wrong tap cannot go unseen. Measured after
-    600 steps on targets of four recipe seeds: layer 0 for layer 2 cost 12-22%, zeros 50-59%."""
+    600 steps on targets of four recipe seeds: layer 0 for layer 2 cost 12-22%, zeros 51-59%."""
     run_dir, env, _, _ = code_run
     right, zeroed, tap0 = _walks(run_dir / "checkpoint.pt", (), ("--zero-context",), ("--taps", "0"), env=env)
     recorded = json.loads((run_dir / "summary.json").read_text())["walk_tau"]
