@@ -58,7 +58,7 @@ def test_code_preset_builds_a_loadable_target_and_its_drafter_beats_the_rules(co
     record = json.loads((target_dir / "envkit-target.json").read_text())
     held_out = set(record["corpus"]["held_out"])
     assert held_out == {f.relpath for f in corpus.files() if f.held_out}
-    assert record["held_out_loss"] < 4.5  # uniform over 1,024 tokens is 6.93: it learned code
+    assert record["held_out_loss"] < 5.0  # 3.58-3.78 over four recipe seeds; uniform over 1,024 tokens is 6.93
     model = AutoModelForCausalLM.from_pretrained(target_dir)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     assert model.config.num_hidden_layers == 4 and len(tokenizer) == model.config.vocab_size == 1024
