@@ -21,6 +21,7 @@ from trainer.common.errors import TrainerInputError
 from trainer.common.files import atomic_write, loads_json, read_json_file, read_json_record
 from trainer.common.records import headline
 from trainer.config.schema import TrainConfig, resolve
+from trainer.export.place import check_out
 from trainer.train.faults import Faults
 from trainer.train.launcher import close_distributed, launch, pin_local_gpu, wants_launch
 
@@ -222,6 +223,7 @@ def _walk_prompts(path: str, cfg: TrainConfig) -> list[list[int]]:
 
 def cmd_export(args) -> int:
     """Write the DFlash serving format (config.json, model.safetensors, target/) from a checkpoint."""
+    check_out(Path(args.out).absolute(), args.force)  # a refused --out costs no torch import, no checkpoint read
     from trainer.export.dflash import export
 
     def terminate(signum, frame):

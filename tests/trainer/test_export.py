@@ -105,7 +105,9 @@ def test_export_refuses_to_clobber_and_writes_nothing_half(tmp_path):
     precious = tmp_path / "mine"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep")
-    cmd = [sys.executable, "-m", "trainer", "export", "--ckpt", str(ckpt), "--out", str(precious)]
+    # Refused before torch is imported or the checkpoint read: in a process where torch cannot be imported.
+    cmd = [sys.executable, "-c", "import runpy, sys; sys.modules['torch'] = None; runpy.run_module('trainer', "
+           "run_name='__main__', alter_sys=True)", "export", "--ckpt", str(ckpt), "--out", str(precious)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT)
     assert proc.returncode == 1 and "not empty" in proc.stderr and "--force" in proc.stderr
     proc = subprocess.run(cmd + ["--force"], capture_output=True, text=True, cwd=PROJECT)

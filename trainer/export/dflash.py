@@ -11,23 +11,20 @@ DIR/envkit-export.json what was exported from where (training config, chat templ
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
 import torch
 
 from trainer.common.errors import TrainerInputError
-from trainer.common.files import file_sha256, follow_umask, read_json_record
+from trainer.common.files import file_sha256, follow_umask
 from trainer.config.schema import TrainConfig
 from trainer.export import modelcard
+from trainer.export.place import EXPORT_MANIFEST, check_out, place
 from trainer.model.target import build_target, same_checksum, target_dir, weights_checksum
 from trainer.targets import maketarget
 from trainer.train import checkpoint
-
-EXPORT_MANIFEST = "envkit-export.json"
 
 # Trainer parameter name (within layers.N.) -> the reference's.
 LAYER_NAMES = {
@@ -114,63 +111,6 @@ def _target_record(cfg: TrainConfig) -> dict | None:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _not_replaceable(out: Path) -> str | None:
-    """Why `out` is not an export envkit wrote and nobody changed since, or None: its manifest must parse, and
-    every entry in it must be a regular file the manifest lists with the sha256 it recorded (a file a user
-    added or edited by hand is theirs: --force never deletes it)."""
-    manifest = read_json_record(out / EXPORT_MANIFEST)
-    files = manifest.get("files") if manifest else None
-    if not (isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())):
-        return f"it has no readable {EXPORT_MANIFEST}: not an export made by envkit"
-    for directory, dirnames, filenames in os.walk(out):
-        for name in filenames + [d for d in dirnames if (Path(directory) / d).is_symlink()]:
-            path = Path(directory) / name
-            relative = str(path.relative_to(out))
-            if relative == EXPORT_MANIFEST:
-                continue
-            if relative not in files:
-                return f"it holds {relative!r}, which its {EXPORT_MANIFEST} does not list"
-            if not stat.S_ISREG(path.lstat().st_mode):
-                return f"{relative!r} is not a regular file"
-            if file_sha256(path) != files[relative]:
-                return f"{relative!r} was changed since the export (its sha256 differs from the recorded one)"
-    return None
-
-
-def _place(tmp: Path, out: Path, force: bool) -> None:
-    """Rename the finished export into place; --force swaps out a previous export only, and only when it holds
-    nothing but the files its manifest lists."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
-        out.rmdir()
-        os.replace(tmp, out)
-        return
-    check_out(out, force)
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def check_out(out: Path, force: bool) -> None:
-    """--out before any work: a real path (no link), in an existing dir, empty or (with --force) an export."""
-    if out.is_symlink():
-        raise TrainerInputError(f"--out {out} is a symlink; give the real path of the directory to write")
-    if not out.parent.is_dir():
-        raise TrainerInputError(f"{out.parent} does not exist; create it first or choose another --out")
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        return
-    if not force:
-        raise TrainerInputError(f"{out} exists and is not empty; choose another --out or pass --force to replace "
-                                f"a previous export")
-    problem = "it is not a directory" if not out.is_dir() else _not_replaceable(out)
-    if problem:
-        raise TrainerInputError(f"{str(out)!r} cannot be replaced, even with --force: {problem}; nothing was "
-                                f"changed: choose another --out, or move your files out of it")
-
-
 def _export_meta(state: dict, dtype: str | None) -> dict:
     """The checkpoint's export record, checked as data: dtypes by name, the target identity's shape, and a
     tokenizer that is a local directory (a hub name would make the export reach the network)."""
@@ -242,7 +182,7 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
         }
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         follow_umask(tmp)
-        _place(tmp, out, force)
+        place(tmp, out, force)
     except BaseException:  # SIGTERM too: `python -m trainer export` turns it into an exception
         shutil.rmtree(tmp, ignore_errors=True)
         raise
