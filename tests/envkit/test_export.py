@@ -25,6 +25,24 @@ def interpreter_that_leaves_a_marker(venv: Path, marker: Path) -> None:
     (venv / "envkit.json").write_text(json.dumps({"profile": "cpu", "lock_digest": "0" * 64, "python": "3.11"}))
 
 
+# `python -m trainer` with the export held just before it renames its temporary directory into place: it touches
+# argv[1], then waits for a signal (the real export, the real handler; only the timing is the test's).
+HELD_BEFORE_PLACING = """
+import sys, time
+from pathlib import Path
+import trainer.export.dflash as dflash
+from trainer.__main__ import main
+
+def held(tmp, out, force):
+    Path(sys.argv[1]).touch()
+    time.sleep(600)
+    raise AssertionError("no signal came")
+
+dflash.place = held
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 # -- deletion ------------------------------------------------------------------------------------
 
 
@@ -68,12 +86,16 @@ def test_export_follows_the_umask_refuses_a_linked_out_and_cleans_up_on_sigterm(
     link.symlink_to(tmp_path / "elsewhere")
     proc = run_trainer("export", "--ckpt", str(checkpoint_path), "--out", str(link))
     assert "symlink" in one_line_error(proc) and not (tmp_path / "elsewhere").exists()
-    # SIGTERM once the export is under way: its temporary directory goes with it.
-    slow = subprocess.Popen([sys.executable, "-m", "trainer", "export", "--ckpt", str(checkpoint_path), "--out",
-                             str(tmp_path / "killed")], cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # SIGTERM once the export is under way, held (so the signal cannot come too late) right before its
+    # temporary directory would be renamed into place: the directory goes with it.
+    ready = tmp_path / "ready"
+    slow = subprocess.Popen([sys.executable, "-c", HELD_BEFORE_PLACING, str(ready), "export", "--ckpt",
+                             str(checkpoint_path), "--out", str(tmp_path / "killed")],
+                            cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".killed.tmp-*")) and time.monotonic() < deadline and slow.poll() is None:
+    while not ready.exists() and time.monotonic() < deadline and slow.poll() is None:
         time.sleep(0.01)
+    assert list(tmp_path.glob(".killed.tmp-*")), slow.stderr.read()[-2000:] if slow.poll() is not None else ""
     slow.send_signal(signal.SIGTERM)
     slow.wait(timeout=120)
     assert slow.returncode == 143, slow.stderr.read()[-2000:]
