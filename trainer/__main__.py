@@ -333,7 +333,8 @@ def cmd_load_cache(args) -> int:
     # digest it verified is checked again here, so bytes changed since then are never loaded.
     if hashlib.sha256(blob).hexdigest() != args.sha256:
         raise TrainerInputError(f"{args.blob} is not the blob envkit verified (sha256 differs); nothing loaded")
-    # Unpickles: only bytes envkit verified (the pinned export, header and artifacts; sha256 just rechecked).
+    # Unpickles: the blob was verified by envkit (pinned export, header, every artifact) and its sha256 is
+    # rechecked just above, so only bytes produced or verified by envkit reach torch's loader.
     info = torch.compiler.load_cache_artifacts(blob)
     counts = {kind: len(keys) for kind, keys in info.artifacts.items()} if info is not None else {}
     print(json.dumps({"loaded": bool(counts and any(counts.values())), "artifacts": counts,
