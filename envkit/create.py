@@ -131,23 +131,22 @@ def manifest_for(profile: Profile, python_version: str) -> dict:
 
 
 def sync(venv: Venv, profile: Profile, links: list[str], *, offline: bool, no_index: bool,
-         reinstall: list[str] | tuple[str, ...] = (), compile_bytecode: bool = False) -> None:
+         reinstall: list[str] | tuple[str, ...] = ()) -> None:
     """Make the venv hold exactly the lock: `uv pip sync --require-hashes` (also used by doctor --fix)."""
     profile.check_complete()
     with tempfile.NamedTemporaryFile("w", prefix="envkit-sync-", suffix=".txt") as reqs:
         reqs.write(profile.requirements_txt())
         reqs.flush()
-        # No bytecode by default: compiling all ~9,400 modules of the cpu lock took 15.8 s of a 16.6 s install, and
-        # a training process imports ~2,600 of them. envkit's own trainer processes write the .pyc of what they
-        # import, once (trainer_process.trainer_env). --compile-bytecode is for a venv others use read-only.
-        run_uv(["pip", "sync", reqs.name, "--require-hashes", "--python", str(venv.python), "--quiet",
-                *(["--compile-bytecode"] if compile_bytecode else []),
+        # --compile-bytecode: every module's .pyc is written here, once. Without it a process that imports torch
+        # compiles ~1,800 modules from source on every start wherever PYTHONDONTWRITEBYTECODE is set (or
+        # site-packages is read-only): ~7 s of each warm-up, self-test and training process on 2 cores.
+        run_uv(["pip", "sync", reqs.name, "--require-hashes", "--compile-bytecode", "--python", str(venv.python),
+                "--quiet",
                 *source_args(profile, links, offline=offline, no_index=no_index),
                 *(arg for name in reinstall for arg in ("--reinstall-package", name))])
 
 
-def _build(temp: Venv, profile: Profile, links: list[str], phases: Phases, *, offline: bool, no_index: bool,
-           compile_bytecode: bool) -> None:
+def _build(temp: Venv, profile: Profile, links: list[str], phases: Phases, *, offline: bool, no_index: bool) -> None:
     with phases.phase("venv", f"python {profile.python}"):
         # --relocatable: scripts find their interpreter relative to themselves, so the rename
         # from the temp dir into place does not break `bin/torchrun` and friends.
@@ -155,7 +154,7 @@ def _build(temp: Venv, profile: Profile, links: list[str], phases: Phases, *, of
                 *(["--offline"] if offline else [])])
     sources = ", ".join(links) if links else "the configured index"
     with phases.phase("install", f"{len(profile.packages)} packages, hash-checked, from {sources}"):
-        sync(temp, profile, links, offline=offline, no_index=no_index, compile_bytecode=compile_bytecode)
+        sync(temp, profile, links, offline=offline, no_index=no_index)
     with phases.phase("verify", "installed set equals the lock"):
         installed = installed_versions(temp.site_packages())
         wanted = {p.name: p.version for p in profile.packages}
@@ -206,7 +205,7 @@ def _check_replaceable(venv: Venv) -> None:
 
 def create(profile_name: str | None = None, lock_path: str | None = None, venv_path: str | Path | None = None, *,
            find_links: tuple[str, ...] = (), offline: bool = False, no_index: bool = False, force: bool = False,
-           compile_bytecode: bool = False, quiet: bool = False) -> CreateResult:
+           quiet: bool = False) -> CreateResult:
     profile = profiles.load(profile_name, lock_path)
     if not profile.packages:
         raise VenvError(f"{profile.path} has no [[package]] table; run `envkit lock --lock {profile.path}` first")
@@ -244,7 +243,7 @@ def create(profile_name: str | None = None, lock_path: str | None = None, venv_p
         try:
             (scratch / TEMP_MARKER).write_text(f"pid {os.getpid()}\n")  # a later create may remove it, nothing else
             temp = Venv(scratch / "venv")  # uv venv makes the directory itself
-            _build(temp, profile, links, phases, offline=offline, no_index=no_index, compile_bytecode=compile_bytecode)
+            _build(temp, profile, links, phases, offline=offline, no_index=no_index)
             with phases.phase("done", str(target)):
                 write_json_atomic(temp.manifest_path, manifest_for(profile, temp.python_version()))
                 _swap_into_place(temp.path, target)

@@ -18,11 +18,8 @@ def trainer_command(venv: Venv, *args: str) -> list[str]:
 
 
 def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
-    """The environment the trainer runs with: the bundled trainer importable, the private cache dirs, and the
-    bytecode of what it imports written into the venv (create compiles none; where PYTHONDONTWRITEBYTECODE is
-    set, every process would compile its ~2,600 modules again: ~7 s of each start on 2 cores)."""
+    """The environment the trainer runs with: the bundled trainer importable, the private cache dirs."""
     env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = str(paths.trainer_root())
     env["PYTHONUNBUFFERED"] = "1"
     if cache_dir is not None:

@@ -92,8 +92,7 @@ def warm_cache_root(tmp_path_factory, cpu_venv) -> Path:
     them), so the run pays for one cold compile of the preset, not two."""
     def warm(root: Path) -> None:
         command = [sys.executable, "-m", "envkit", "warm-cache", "--venv", str(cpu_venv), "--json"]
-        # As on a machine that sets PYTHONDONTWRITEBYTECODE: the warm-up still writes the venv's bytecode.
-        env = dict(os.environ, ENVKIT_CACHE_DIR=str(root), PYTHONDONTWRITEBYTECODE="1")
+        env = dict(os.environ, ENVKIT_CACHE_DIR=str(root))
         procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for _ in range(2)]
         outputs = [proc.communicate(timeout=1200) for proc in procs]

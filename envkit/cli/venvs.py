@@ -72,11 +72,8 @@ def lock_command(profile_name, lock_path, find_links, offline, no_index, check, 
               help="Where the venv goes (default: $ENVKIT_HOME/venvs/<profile>).")
 @with_sources
 @click.option("--force", is_flag=True, help="Rebuild even if the venv matches the lock (only venvs envkit made are ever replaced).")
-@click.option("--compile-bytecode", is_flag=True,
-              help="Compile every module now (for a venv others use read-only); by default the processes envkit "
-                   "starts write the bytecode of what they import.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def create_command(profile_name, lock_path, venv_path, find_links, offline, no_index, force, compile_bytecode, as_json):
+def create_command(profile_name, lock_path, venv_path, find_links, offline, no_index, force, as_json):
     """Build a fresh venv from a hash-pinned lock profile, atomically.
 
     The venv is built in a temporary sibling directory and renamed into place only when it is
@@ -86,7 +83,7 @@ def create_command(profile_name, lock_path, venv_path, find_links, offline, no_i
 
     check_profile_choice(profile_name, lock_path)
     result = create(profile_name, lock_path, venv_path, find_links=find_links, offline=offline,
-                    no_index=no_index, force=force, compile_bytecode=compile_bytecode, quiet=as_json)
+                    no_index=no_index, force=force, quiet=as_json)
     if as_json:
         print_json(as_dict(result))
     else:

@@ -19,10 +19,6 @@ def venv_import(venv: Path, module: str) -> str:
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
-def bytecode(venv: Path, package: str) -> list[Path]:
-    return list(venv.glob(f"lib/python*/site-packages/{package}/__pycache__/*.pyc"))
-
-
 def leftovers(parent: Path, venv: Path) -> list[str]:
     return sorted(p.name for p in parent.glob(f".{venv.name}.*") if not p.name.endswith(".lock"))
 
@@ -31,7 +27,6 @@ def test_create_then_noop_then_force(tmp_path, test_lock, wheelhouse):
     venv = tmp_path / "env"
     first = run_json(*create_args(test_lock, venv, wheelhouse))
     assert first["action"] == "created" and first["packages"] == 2
-    assert bytecode(venv, "ekt_alpha") == []  # written by the processes that import it, not at create
     assert venv_import(venv, "ekt_alpha") == "1.0" and venv_import(venv, "ekt_beta") == "1.0"
     manifest = json.loads((venv / "envkit.json").read_text())
     assert manifest["lock_digest"] == profiles.load_file(test_lock).lock_digest
@@ -41,10 +36,9 @@ def test_create_then_noop_then_force(tmp_path, test_lock, wheelhouse):
     assert again["action"] == "unchanged"
     assert json.loads((venv / "envkit.json").read_text())["created_at"] == manifest["created_at"]
 
-    forced = run_json(*create_args(test_lock, venv, wheelhouse, "--force", "--compile-bytecode"))
+    forced = run_json(*create_args(test_lock, venv, wheelhouse, "--force"))
     assert forced["action"] == "rebuilt"
     assert leftovers(tmp_path, venv) == []
-    assert bytecode(venv, "ekt_alpha") != []  # a venv others use read-only: every module compiled at create
 
 
 def test_drifted_venv_is_rebuilt_without_force(tmp_path, test_lock, wheelhouse):
@@ -168,18 +162,6 @@ def test_real_cpu_profile_imports_torch_and_transformers(cpu_venv):
                          check=True).stdout.split()
     assert out == ["2.13.0+cpu", "5.6.0"]
     assert subprocess.run([str(cpu_venv / "bin" / "torchrun"), "--help"], capture_output=True).returncode == 0
-
-
-@pytest.mark.e2e
-def test_the_trainer_writes_the_bytecode_it_imports_into_the_venv(cpu_venv, warm_cache_root, monkeypatch):
-    """create compiles none; the session's warm-up, started where PYTHONDONTWRITEBYTECODE is set, wrote the
-    bytecode of the target's model module (which `import torch, transformers` alone never loads)."""
-    from envkit.trainer_process import trainer_env
-    from envkit.venv import Venv
-
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    assert "PYTHONDONTWRITEBYTECODE" not in trainer_env(Venv(cpu_venv), None)
-    assert bytecode(cpu_venv, "transformers/models/qwen3")
 
 
 def test_pip_conf_find_links_is_a_wheelhouse(tmp_path, wheelhouse, monkeypatch):
