@@ -165,7 +165,12 @@ INTEGRATION_FIXTURES = {"wheelhouse", "test_lock"}
 
 # Before xdist reads the groups (it names them in each test's id): the tests of the code preset share one
 # module fixture that trains for three minutes, so they run on one worker, and first, while the other worker
-# takes everything else.
+# takes everything else. The rest runs long tiers first: xdist hands tests out in this order, and the unit
+# tier's seconds-long tests, last, keep one worker from finishing a minute-long test alone (40 s of one idle
+# core at the end of a run, bench/RESULTS.md).
+TIER_ORDER = {"e2e": 1, "integration": 2, "unit": 3}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
@@ -180,3 +185,5 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
+    items.sort(key=lambda item: 0 if "code_run" in item.fixturenames else
+               min(rank for tier, rank in TIER_ORDER.items() if item.get_closest_marker(tier)))
