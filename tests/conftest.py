@@ -165,12 +165,7 @@ INTEGRATION_FIXTURES = {"wheelhouse", "test_lock"}
 
 # Before xdist reads the groups (it names them in each test's id): the tests of the code preset share one
 # module fixture that trains for three minutes, so they run on one worker, and first, while the other worker
-# takes everything else. The rest runs long tiers first: xdist hands tests out in this order, and the unit
-# tier's seconds-long tests, last, keep one worker from finishing a minute-long test alone (40 s of one idle
-# core at the end of a run, bench/RESULTS.md).
-TIER_ORDER = {"e2e": 1, "integration": 2, "unit": 3}
-
-
+# takes everything else. xdist hands tests out in the order run_order gives (bench/RESULTS.md, seventh session).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
@@ -185,5 +180,19 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
-    items.sort(key=lambda item: 0 if "code_run" in item.fixturenames else
-               min(rank for tier, rank in TIER_ORDER.items() if item.get_closest_marker(tier)))
+    items.sort(key=run_order)
+
+
+def run_order(item) -> int:
+    """The code preset's group; the integration tier while that worker builds the session's cpu venv; the
+    tests of the trained tiny run, so the other worker builds it (with the warm cache) early rather than wait
+    for it later; the other e2e tests; the unit tier's short tests last, so that neither worker finishes a
+    minute-long test alone."""
+    needs = set(item.fixturenames)
+    if "code_run" in needs:
+        return 0
+    if item.get_closest_marker("integration"):
+        return 1
+    if "tiny_run" in needs:
+        return 2
+    return 3 if item.get_closest_marker("e2e") else 4
