@@ -50,7 +50,7 @@ def parse_dist_info(dist_info: Path) -> tuple[Distribution | None, str | None]:
     except UnsafeFile as exc:
         return None, f"its METADATA is unreadable ({exc})"
     name, version = headers.get("name", [None])[0], headers.get("version", [None])[0]
-    if not name or not PEP508_NAME.match(name):
+    if not name or not PEP508_NAME.fullmatch(name):
         return None, f"its METADATA Name {name!r:.80} is not a package name" if name else "its METADATA has no Name"
     if not version:
         return None, "its METADATA has no Version"

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from envkit import paths
+from envkit.cache import cacheenv
 from envkit.errors import CacheError, EnvkitError
 from envkit.venv import Venv
 from trainer.common.children import die_with_parent
@@ -18,13 +19,10 @@ def trainer_command(venv: Venv, *args: str) -> list[str]:
 
 
 def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
-    """The environment the trainer runs with: the bundled trainer importable, the private cache dirs."""
-    env = dict(os.environ)
+    """The environment the trainer runs with: the bundled trainer importable, the private cache (envkit/cache/cacheenv.py)."""
+    env = cacheenv.apply(os.environ, cache_dir) if cache_dir is not None else dict(os.environ)
     env["PYTHONPATH"] = str(paths.trainer_root())
     env["PYTHONUNBUFFERED"] = "1"
-    if cache_dir is not None:
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
-        env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     return env
 
 

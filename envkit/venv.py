@@ -100,6 +100,7 @@ def resolve_venv(venv_path: str | Path | None, profile_name: str | None) -> Venv
     path = Path(venv_path) if venv_path else paths.default_venv(profile_name or paths.DEFAULT_PROFILE)
     venv = Venv(path.expanduser().absolute())
     if not venv.path.exists():
-        raise VenvError(f"{venv.path} does not exist; create it with `envkit create --profile {profile_name or paths.DEFAULT_PROFILE}`"
-                        + (f" --venv {shlex.quote(str(venv_path))}" if venv_path else ""))
+        where = f" --venv {shlex.quote(str(venv_path))}" if venv_path else ""
+        raise VenvError(f"{venv.path} does not exist; create it with "
+                        f"`envkit create --profile {profile_name or paths.DEFAULT_PROFILE}{where}`")
     return venv.require()

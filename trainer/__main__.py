@@ -375,6 +375,7 @@ def cmd_prepare(args) -> int:
                              vocab_size=cfg.target.vocab_size, progress=store.Progress())
     if args.verify:
         store.open_store(Path(prepared.store), verify=True)
+        store.verify_source(Path(prepared.store), Path(cfg.data.path))
     result = dataclasses.asdict(prepared) | {"verified": bool(args.verify)}
     if args.json:
         print(json.dumps(result))
@@ -382,7 +383,7 @@ def cmd_prepare(args) -> int:
         how = "reused" if prepared.reused else f"prepared in {prepared.seconds:.1f}s ({prepared.rows_per_s:,.0f} rows/s)"
         print(f"{prepared.store}: {prepared.rows:,} rows, {prepared.tokens:,} tokens, {prepared.skipped} malformed "
               f"lines skipped, {prepared.untrainable} with nothing supervised; {how}"
-              + ("; every file re-hashed and intact" if args.verify else ""))
+              + ("; every file and the source re-hashed and intact" if args.verify else ""))
     return 0
 
 

@@ -38,7 +38,7 @@ class Artifact:
 
 def _key_ok(key: str) -> bool:
     parts = key.split("/")
-    return len(key) <= 255 and all(KEY_COMPONENT.match(p) and p not in (".", "..") for p in parts)
+    return len(key) <= 255 and all(KEY_COMPONENT.fullmatch(p) and p not in (".", "..") for p in parts)
 
 
 class _Reader:

@@ -94,7 +94,7 @@ def _read_export(source: Path, data: bytes) -> tuple[dict, bytes]:
         problem = "its header has no env key"
     elif not isinstance(header.get("buckets"), list) or not all(isinstance(b, int) for b in header["buckets"]):
         problem = "its header's buckets are not a list of lengths"
-    elif not isinstance(header.get("blob_sha256"), str) or not HEX64.match(header["blob_sha256"]):
+    elif not isinstance(header.get("blob_sha256"), str) or not HEX64.fullmatch(header["blob_sha256"]):
         problem = "its header has no blob digest"
     elif not isinstance(header.get("artifacts"), list):
         problem = "its header lists no artifacts"
@@ -123,7 +123,7 @@ def import_(venv: Venv, source: Path, *, sha256: str | None, preset: str | None 
         raise CacheError(f"an import runs code from whoever made {source.name} (torch loads pickles and generated "
                          f"code from it); pin the file you trust: --sha256 <digest> (`envkit cache export` prints it, "
                          f"or `sha256sum` it where it was made)")
-    if not HEX64.match(sha256.lower()):
+    if not HEX64.fullmatch(sha256.lower()):
         raise CacheError(f"--sha256 must be 64 hex digits, not {sha256!r}")
     try:  # read once, as a regular file, bounded: a FIFO or a link to /dev/zero is refused, not hashed forever
         data = read_bytes(source, MAX_EXPORT_FILE)

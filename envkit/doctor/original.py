@@ -69,7 +69,7 @@ def _from_uv_cache(dist_info_name: str, relative: str, expected: str) -> bytes |
 def _fetched(name: str, version: str, relative: str, expected: str) -> bytes | None:
     # A requirement pip is handed is exactly NAME==VERSION: a direct reference (`pkg @ file://...`) would
     # make it build a project, whatever --only-binary says.
-    if not PEP508_NAME.match(name) or not _plain_version(version):
+    if not PEP508_NAME.fullmatch(name) or not _plain_version(version):
         return None
     with tempfile.TemporaryDirectory(prefix="envkit-fetch-") as tmp:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",

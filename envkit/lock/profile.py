@@ -105,7 +105,7 @@ def resolve_profile_path(name: str | None, lock_path: str | Path | None) -> Path
 
 def check_profile_name(name: str, where: str) -> str:
     """A profile name names a file in lockfiles/ and a venv dir: a plain name, nothing that walks paths."""
-    if not isinstance(name, str) or not PROFILE_NAME.match(name):
+    if not isinstance(name, str) or not PROFILE_NAME.fullmatch(name):
         raise ProfileError(f"{where}: profile name {name!r} must be letters, digits, '-' or '_' (at most 64, "
                            f"starting with a letter or digit)")
     return name
@@ -144,7 +144,7 @@ def _package(entry, where: str, path: Path) -> LockedPackage:
     if not isinstance(entry, dict):
         raise ProfileError(f"{path}: {where} must be a table")
     name = _require(entry, "name", str, where, path)
-    if not PACKAGE_NAME.match(name):
+    if not PACKAGE_NAME.fullmatch(name):
         raise ProfileError(f"{path}: {where}: {name!r} is not a package name; run `envkit lock --lock {path}`")
     version = _require(entry, "version", str, where, path)
     try:
@@ -155,7 +155,7 @@ def _package(entry, where: str, path: Path) -> LockedPackage:
         raise ProfileError(f"{path}: {where} ({name}): {version!r} is not a version; run `envkit lock --lock "
                            f"{path}`") from None
     hashes = _require(entry, "hashes", list, where, path)
-    if not hashes or not all(isinstance(h, str) and SHA256.match(h) for h in hashes):
+    if not hashes or not all(isinstance(h, str) and SHA256.fullmatch(h) for h in hashes):
         raise ProfileError(f"{path}: {where} ({name}) needs hashes of the form sha256:<64 hex digits>; run "
                            f"`envkit lock --lock {path}`")
     return LockedPackage(canonicalize_name(name), version, tuple(sorted(hashes)))
@@ -163,10 +163,17 @@ def _package(entry, where: str, path: Path) -> LockedPackage:
 
 def _plain(table: dict, key: str, path: Path, default: str | None) -> str | None:
     value = table.get(key, default)
-    if value is not None and (not isinstance(value, str) or not PLAIN_VALUE.match(value)):
+    if value is not None and (not isinstance(value, str) or not PLAIN_VALUE.fullmatch(value)):
         raise ProfileError(f"{path}: [profile].{key} = {value!r} is not a plain value (letters, digits, . + - and "
                            f"version operators)")
     return value
+
+
+def _marker_holds(requirement: Requirement, line: str, path: Path) -> bool:
+    try:
+        return requirement.marker.evaluate()
+    except (ValueError, KeyError, TypeError) as exc:  # a comparison packaging cannot make, a name it lacks
+        raise ProfileError(f"{path}: the marker of requirement {line!r} cannot be evaluated ({exc}); fix it") from None
 
 
 def _check_requirements(requirements: list, packages: list[LockedPackage], path: Path) -> None:
@@ -181,7 +188,7 @@ def _check_requirements(requirements: list, packages: list[LockedPackage], path:
             why = "not a string"
         if requirement is None:
             raise ProfileError(f"{path}: requirement {line!r} is invalid ({why})")
-        if locked and requirement.marker is not None and not requirement.marker.evaluate():
+        if locked and requirement.marker is not None and not _marker_holds(requirement, line, path):
             continue
         package = locked.get(canonicalize_name(requirement.name))
         if locked and package is None:

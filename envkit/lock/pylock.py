@@ -17,6 +17,7 @@ from packaging.markers import InvalidMarker, Marker
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from envkit.errors import ProfileError
+from envkit.installed import PEP508_NAME
 from envkit.support.text import printable
 
 FILE_NAME = re.compile(r"^pylock(\.[^.]+)?\.toml$")  # PEP 751: pylock.toml or pylock.<name>.toml
@@ -24,7 +25,7 @@ KNOWN_PYTHONS = tuple(f"3.{minor}" for minor in range(9, 16))
 
 
 def is_pylock(path: Path, data: dict) -> bool:
-    return bool(FILE_NAME.match(path.name)) or "lock-version" in data
+    return bool(FILE_NAME.fullmatch(path.name)) or "lock-version" in data
 
 
 def profile_name(path: Path) -> str:
@@ -52,15 +53,29 @@ def python_request(requires: object, path: Path) -> str:
     raise ProfileError(f"{printable(path)}: requires-python {printable(requires)} allows no Python envkit knows")
 
 
-def _applies(entry: dict, where: str, path: Path) -> bool:
-    """A package whose environment marker is false here (another platform's wheel set) is not installed."""
+def _applies(entry: dict, where: str, path: Path, groups: frozenset[str]) -> bool:
+    """A package whose environment marker is false here (another platform's wheel set, an extra envkit does not
+    select, a dependency group outside the file's `default-groups`) is not installed."""
     marker = entry.get("marker")
     if marker is None:
         return True
+    if not isinstance(marker, str):
+        raise ProfileError(f"{printable(path)}: {where}: marker {printable(repr(marker))} is not a string")
+    # PEP 751 markers may test `extras` and `dependency_groups` (packaging's "lock_file" context); a marker can
+    # also fail to compare (`python_version ~= 'x'`): any of it is one line about the file, never a traceback.
+    environment = {"extras": frozenset(), "dependency_groups": groups}
     try:
-        return Marker(marker).evaluate() if isinstance(marker, str) else False
-    except InvalidMarker:
-        raise ProfileError(f"{printable(path)}: {where}: marker {printable(repr(marker))} is invalid") from None
+        return Marker(marker).evaluate(environment, context="lock_file")
+    except (InvalidMarker, ValueError, KeyError, TypeError) as exc:
+        raise ProfileError(f"{printable(path)}: {where}: marker {printable(repr(marker))} cannot be evaluated "
+                           f"({printable(exc)}); fix the marker or export the lock again") from None
+
+
+def _default_groups(data: dict, path: Path) -> frozenset[str]:
+    groups = data.get("default-groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise ProfileError(f"{printable(path)}: `default-groups` must be an array of strings")
+    return frozenset(groups)
 
 
 def _hashes(entry: dict, where: str, path: Path) -> list[str]:
@@ -89,15 +104,19 @@ def as_profile_data(data: dict, path: Path) -> tuple[dict, list[str]]:
     if not isinstance(entries, list):
         raise ProfileError(f"{printable(path)}: `packages` must be an array of tables ([[packages]])")
     packages, skipped = [], []
+    groups = _default_groups(data, path)
     for index, entry in enumerate(entries):
         where = f"[[packages]] #{index + 1}"
         if not isinstance(entry, dict):
             raise ProfileError(f"{printable(path)}: {where} must be a table")
         name = entry.get("name")
-        if not _applies(entry, where, path):
+        if not _applies(entry, where, path, groups):
             continue
         if "directory" in entry:
-            skipped.append(str(name))
+            # Printed in create's note: a name that is not a name could carry escapes or forge a line.
+            if not isinstance(name, str) or not PEP508_NAME.fullmatch(name):
+                raise ProfileError(f"{printable(path)}: {where}: {printable(repr(name))} is not a package name")
+            skipped.append(name)
             continue
         if "vcs" in entry or "archive" in entry:
             raise ProfileError(f"{printable(path)}: {where} ({printable(str(name))}) comes from a VCS or an archive "

@@ -23,7 +23,8 @@ from envkit.cache.fingerprint import compare, read_fingerprint, tampered_names
 from envkit.cache.key import compile_root, ensure_private_dir, env_key
 from envkit.errors import RunError
 from envkit.installed import installed_versions
-from envkit.run.preflight import new_run_dir, preflight_doctor, preflight_venv, prove_mitigations, versions
+from envkit.run.preflight import (new_run_dir, note_cache_overrides, preflight_doctor, preflight_venv,
+                                  prove_mitigations, versions)
 from envkit.run.rundir import LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now
 from envkit.run.supervise import detach, supervise
 from envkit.support.fsops import write_json_atomic
@@ -53,34 +54,26 @@ def _git(directory: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _hash_file(digest, path: Path, relative: str) -> None:
+    """A file's path, size and bytes; a symlink by its target text and by what it points at (an edit to the
+    target is an edit to the code), a directory it points at by its *.py files."""
     try:
-        info = path.lstat()
+        if path.is_symlink():
+            digest.update(f"{relative}\0link\0{os.readlink(path)}\0".encode())
+            if path.is_dir():
+                _hash_python_files(digest, path.resolve(), relative)
+                return
+        info = path.stat()
         digest.update(f"{relative}\0{info.st_size}\0".encode())
-        if path.is_file() and not path.is_symlink() and info.st_size <= UNTRACKED_HASH_LIMIT:
+        if path.is_file() and info.st_size <= UNTRACKED_HASH_LIMIT:
             digest.update(path.read_bytes())
     except OSError:
         digest.update(f"{relative}\0unreadable\0".encode())
 
 
-def code_identity(code_dir: Path, skip: tuple[Path, ...] = ()) -> dict:
-    """The user's code as a cache key part: the git commit plus a digest of what is not committed (the diff
-    against HEAD and untracked, not-ignored files), or outside git a digest of every *.py file under the dir."""
-    code_dir = code_dir.resolve()
-    skip = tuple(p.resolve() for p in skip)
-    head = _git(code_dir, "rev-parse", "HEAD")
-    if head.returncode == 0:
-        digest = hashlib.sha256(_git(code_dir, "diff", "HEAD", "--binary", "--", ".").stdout)
-        untracked = _git(code_dir, "ls-files", "--others", "--exclude-standard", "-z", "--", ".").stdout
-        for relative in sorted(filter(None, untracked.decode(errors="surrogateescape").split("\0"))):
-            path = code_dir / relative
-            if not any(path.resolve().is_relative_to(p) for p in skip):
-                _hash_file(digest, path, relative)
-        clean = digest.hexdigest() == hashlib.sha256().hexdigest()
-        commit = head.stdout.decode().strip()
-        return {"dir": str(code_dir), "commit": commit, "uncommitted": None if clean else digest.hexdigest()[:16],
-                "key": commit[:16] + ("" if clean else "+" + digest.hexdigest()[:16])}
-    digest, count = hashlib.sha256(), 0
-    for directory, dirs, names in os.walk(code_dir):
+def _hash_python_files(digest, root: Path, label: str, skip: tuple[Path, ...] = ()) -> None:
+    """Every *.py file under `root` (not hidden dirs, venvs or byte code), at most SOURCE_FILES_LIMIT of them."""
+    count = 0
+    for directory, dirs, names in os.walk(root):
         here = Path(directory)
         # Not code: hidden dirs, venvs, byte code and envkit's own outputs (runs dirs).
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
@@ -88,9 +81,50 @@ def code_identity(code_dir: Path, skip: tuple[Path, ...] = ()) -> dict:
         for name in sorted(n for n in names if n.endswith(".py")):
             count += 1
             if count > SOURCE_FILES_LIMIT:
-                raise RunError(f"{code_dir} holds over {SOURCE_FILES_LIMIT} Python files and is not a git repository; "
-                               f"give --code the directory of your training code")
-            _hash_file(digest, here / name, str((here / name).relative_to(code_dir)))
+                raise RunError(f"{printable(root)} holds over {SOURCE_FILES_LIMIT} Python files and is not a git "
+                               f"repository; give --code the directory of your training code")
+            relative = str((here / name).relative_to(root))
+            _hash_file(digest, here / name, f"{label}/{relative}" if label else relative)
+
+
+def _submodules(code_dir: Path) -> list[str]:
+    """Paths of the git submodules under `code_dir` (gitlinks in the index), relative to it."""
+    staged = _git(code_dir, "ls-files", "--stage", "-z", "--", ".").stdout.decode(errors="surrogateescape")
+    return sorted(entry.split("\t", 1)[1] for entry in staged.split("\0") if entry.startswith("160000 "))
+
+
+def _git_identity(code_dir: Path, skip: tuple[Path, ...], depth: int = 0) -> tuple[str, str]:
+    """(HEAD, digest of what is not committed) of a git work tree: the diff against HEAD, untracked files, and each
+    submodule by its own commit and its own uncommitted changes (the parent's diff shows only "-dirty")."""
+    commit = _git(code_dir, "rev-parse", "HEAD").stdout.decode().strip()
+    digest = hashlib.sha256(_git(code_dir, "diff", "HEAD", "--binary", "--", ".").stdout)
+    untracked = _git(code_dir, "ls-files", "--others", "--exclude-standard", "-z", "--", ".").stdout
+    for relative in sorted(filter(None, untracked.decode(errors="surrogateescape").split("\0"))):
+        path = code_dir / relative
+        if not any(path.resolve().is_relative_to(p) for p in skip):
+            _hash_file(digest, path, relative)
+    for relative in _submodules(code_dir) if depth < 8 else ():
+        sub = code_dir / relative
+        if (sub / ".git").exists() and _git(sub, "rev-parse", "HEAD").returncode == 0:
+            sub_commit, sub_changes = _git_identity(sub, skip, depth + 1)
+            if sub_changes != hashlib.sha256().hexdigest():
+                digest.update(f"submodule\0{relative}\0{sub_commit}\0{sub_changes}\0".encode())
+    return commit, digest.hexdigest()
+
+
+def code_identity(code_dir: Path, skip: tuple[Path, ...] = ()) -> dict:
+    """The user's code as a cache key part: the git commit plus a digest of what is not committed (the diff
+    against HEAD, untracked, not-ignored files, submodules' own changes), or outside git a digest of every *.py
+    file under the dir. Symlinks count by what they point at."""
+    code_dir = code_dir.resolve()
+    skip = tuple(p.resolve() for p in skip)
+    if _git(code_dir, "rev-parse", "HEAD").returncode == 0:
+        commit, changes = _git_identity(code_dir, skip)
+        clean = changes == hashlib.sha256().hexdigest()
+        return {"dir": str(code_dir), "commit": commit, "uncommitted": None if clean else changes[:16],
+                "key": commit[:16] + ("" if clean else "+" + changes[:16])}
+    digest = hashlib.sha256()
+    _hash_python_files(digest, code_dir, "", skip)
     return {"dir": str(code_dir), "commit": None, "uncommitted": None, "key": "files:" + digest.hexdigest()[:16]}
 
 
@@ -152,6 +186,7 @@ def start_command(request: CommandRequest, *, quiet: bool = False) -> dict:
         "lock_digest": profile.lock_digest if profile else None, "venv": str(venv.path), "versions": versions(venv),
         "code": code, "git_commit": code["commit"], "env_key": cache_dir.name, "cache_dir": str(cache_dir),
         "key_parts": parts, "cache_fingerprint": fingerprint, "envkit_command": sys.argv,
+        "env_overridden": note_cache_overrides(cache_dir, phases),
         "host": socket.gethostname(), "boot_id": boot_id(), "started_at": now(), "ended_at": None, "exit_code": None,
         "detached": request.detach, "launcher_pid": os.getpid(), "preflight_s": phases.timings})
     with end_recorded_if_unsupervised(run_dir):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from envkit.cache.key import describe
 from envkit.errors import RunError
-from envkit.run.preflight import (git_commit, new_run_dir, preflight_cache, preflight_doctor, preflight_venv,
-                                  versions)
+from envkit.run.preflight import (git_commit, new_run_dir, note_cache_overrides, preflight_cache, preflight_doctor,
+                                  preflight_venv, versions)
 from envkit.run.rundir import CONFIG_JSON, LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now, update_run
 from envkit.run.supervise import detach, supervise
 from envkit.support.fsops import write_json_atomic
@@ -89,7 +89,7 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
         cache_dir, fingerprint = preflight_cache(venv, phases, described, config_path, no_warm=request.no_warm,
                                                  layout=request.trainer_args)
         update_run(run_dir, env_key=cache_dir.name, cache_dir=str(cache_dir), cache_fingerprint=fingerprint,
-                   preflight_s=phases.timings)
+                   env_overridden=note_cache_overrides(cache_dir, phases), preflight_s=phases.timings)
         if request.detach:
             return detach(run_dir, phases, "[5/5] train")
         phases.say(f"[5/5] train: {run_dir} (log: {run_dir / LOG})")

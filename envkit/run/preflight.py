@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from envkit import __version__, doctor, paths, selftest
-from envkit.cache import warmup
+from envkit.cache import cacheenv, warmup
 from envkit.cache.fingerprint import read_fingerprint, tampered_names
 from envkit.cache.key import compile_root, ensure_private_dir, env_key, key_parts
 from envkit.create import create
@@ -111,6 +112,15 @@ def prove_mitigations(venv: Venv, cache_dir: Path, torch_version: str, phases: P
     if failed:
         raise RunError(f"the trainer's hazard mitigations failed their self-tests in {venv.path}: {'; '.join(failed)}; "
                        f"nothing was started (HAZARDS.md)")
+
+
+def note_cache_overrides(cache_dir: Path, phases: Phases) -> list[str]:
+    """Name the caller's cache variables the run replaces (envkit/cache/cacheenv.py); returned for run.json."""
+    names = cacheenv.overridden(os.environ, cache_dir)
+    note = cacheenv.override_note(names)
+    if note:
+        phases.say(note)
+    return names
 
 
 def new_run_dir(name: str | None, runs_dir: str | None, what: str) -> Path:

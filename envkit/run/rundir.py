@@ -38,7 +38,7 @@ def now() -> str:
 
 
 def check_run_name(name: str) -> str:
-    if not RUN_NAME.match(name):
+    if not RUN_NAME.fullmatch(name):
         raise RunError(f"run name {name[:120]!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter "
                        f"or digit; choose another --name")
     return name

@@ -29,77 +29,127 @@ class SlurmPlacement:
         return f"{host}:{port or DEFAULT_RDZV_PORT}"
 
 
+NODELIST_LIMIT = 64 << 10  # characters: a real allocation's list is far shorter
+HOST_LIMIT = 1 << 16  # names expand_hostlist will write out; placement only counts them
+
+
 def _split_top_level(text: str) -> list[str]:
     """Split at commas outside brackets: "a[1-2,4],b" -> ["a[1-2,4]", "b"]."""
-    parts, depth, current = [], 0, ""
+    parts, depth, current = [], 0, []
     for char in text:
         depth += (char == "[") - (char == "]")
-        if depth < 0:
-            raise ValueError("unbalanced ']'")
+        if depth < 0 or depth > 1:
+            raise ValueError("unbalanced or nested brackets")
         if char == "," and depth == 0:
-            parts.append(current)
-            current = ""
+            parts.append("".join(current))
+            current = []
         else:
-            current += char
+            current.append(char)
     if depth:
         raise ValueError("unbalanced '['")
-    return parts + [current]
+    return parts + ["".join(current)]
 
 
-def _range(spec: str) -> list[str]:
-    """"01-03" -> ["01", "02", "03"] (the width of the first bound is kept, as Slurm does); "7" -> ["7"]."""
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # not "²" or "١": str.isdigit() takes them, int() or Slurm does not
+
+
+def _range(spec: str) -> tuple[int, int, int]:
+    """"01-03" -> (1, 3, 2): the bounds and the width of the first, which Slurm keeps; "7" -> (7, 7, 1)."""
     low, dash, high = spec.partition("-")
-    if not low.isdigit() or (dash and not high.isdigit()):
+    if not _digits(low) or (dash and not _digits(high)) or len(spec) > 40:
         raise ValueError(f"bad range {spec!r}")
-    if not dash:
-        return [low]
-    if int(high) < int(low) or int(high) - int(low) > 100_000:
+    if dash and int(high) < int(low):
         raise ValueError(f"bad range {spec!r}")
-    return [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+    return int(low), int(high) if dash else int(low), len(low)
 
 
-def _expand_one(name: str) -> list[str]:
-    """One host expression, each bracket group in turn: "r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2."""
-    start = name.find("[")
-    if start < 0:
-        return [name]
-    end = name.index("]", start)
-    tails = _expand_one(name[end + 1:])
-    return [name[:start] + value + tail for spec in name[start + 1:end].split(",") for value in _range(spec)
-            for tail in tails]
+def _segments(name: str) -> list:
+    """"r[1-2]n7" -> ["r", [(1, 2, 1)], "n7"]: literal text and bracket groups, parsed without recursion."""
+    segments, position = [], 0
+    while (start := name.find("[", position)) >= 0:
+        end = name.find("]", start)
+        segments += [name[position:start], [_range(spec) for spec in name[start + 1:end].split(",")]]
+        position = end + 1
+    return segments + [name[position:]]
+
+
+def _count(segments: list) -> int:
+    count = 1
+    for segment in segments:
+        if isinstance(segment, list):
+            count *= sum(high - low + 1 for low, high, _ in segment)
+    return count
+
+
+def _first(segments: list) -> str:
+    return "".join(s if isinstance(s, str) else str(s[0][0]).zfill(s[0][2]) for s in segments)
+
+
+def _parse(text: str) -> list[list]:
+    if len(text) > NODELIST_LIMIT:
+        raise ValueError(f"{len(text)} characters; Slurm writes far fewer")
+    return [_segments(part) for part in _split_top_level(text.strip()) if part]
+
+
+def _unreadable(text: str, why: object) -> RunError:
+    return RunError(f"SLURM_JOB_NODELIST {printable(text[:200])!r} cannot be read ({why}); give --nnodes, "
+                    f"--node-rank and --rdzv-endpoint yourself")
+
+
+def head_and_count(text: str) -> tuple[str, int]:
+    """The first host of SLURM_JOB_NODELIST and how many it names, without writing the others out (a short list
+    can name 10^10 hosts)."""
+    try:
+        parts = _parse(text)
+    except ValueError as exc:
+        raise _unreadable(text, exc) from None
+    if not parts:
+        raise RunError("SLURM_JOB_NODELIST is empty; give --nnodes, --node-rank and --rdzv-endpoint yourself")
+    return _first(parts[0]), sum(_count(part) for part in parts)
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """SLURM_JOB_NODELIST ("gpu[01-03,07],login1") as a list of host names, in Slurm's order."""
-    try:
-        hosts = [host for part in _split_top_level(text.strip()) if part for host in _expand_one(part)]
-    except ValueError as exc:
-        raise RunError(f"SLURM_JOB_NODELIST {printable(text)!r} cannot be read ({exc}); give --nnodes, --node-rank "
-                       f"and --rdzv-endpoint yourself") from None
-    if not hosts:
-        raise RunError("SLURM_JOB_NODELIST is empty; give --nnodes, --node-rank and --rdzv-endpoint yourself")
+    """SLURM_JOB_NODELIST ("gpu[01-03,07],login1") as a list of host names, in Slurm's order (at most HOST_LIMIT)."""
+    _, count = head_and_count(text)
+    if count > HOST_LIMIT:
+        raise _unreadable(text, f"{count} hosts; envkit writes out at most {HOST_LIMIT}")
+    hosts = []
+    for segments in _parse(text):
+        names = [""]
+        for segment in segments:
+            values = [segment] if isinstance(segment, str) else [
+                str(n).zfill(width) for low, high, width in segment for n in range(low, high + 1)]
+            names = [name + value for name in names for value in values]
+        hosts += names
     return hosts
 
 
-def _count(environ: Mapping[str, str], name: str) -> int | None:
+def _number(environ: Mapping[str, str], name: str) -> int | None:
+    """A count Slurm set (None when unset); anything but ASCII digits is one line, not a guess."""
     value = environ.get(name, "").split("(", 1)[0]  # SLURM_TASKS_PER_NODE-style "2(x3)" forms
-    return int(value) if value.isdigit() else None
+    if not value:
+        return None
+    if not _digits(value) or len(value) > 9:
+        raise RunError(f"{name} {printable(value[:40])!r} is not a count; unset it or give --nnodes, --node-rank "
+                       f"and --rdzv-endpoint yourself")
+    return int(value)
 
 
 def placement(environ: Mapping[str, str]) -> SlurmPlacement | None:
     """This task's place in the job step, or None outside `srun` (no job step: nothing to derive)."""
     if "SLURM_JOB_ID" not in environ or "SLURM_STEP_ID" not in environ or "SLURM_NODEID" not in environ:
         return None
-    hosts = expand_hostlist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", ""))
-    nnodes = _count(environ, "SLURM_JOB_NUM_NODES") or _count(environ, "SLURM_NNODES") or len(hosts)
-    node_rank = _count(environ, "SLURM_NODEID")
+    head, hosts = head_and_count(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", ""))
+    nnodes = _number(environ, "SLURM_JOB_NUM_NODES") or _number(environ, "SLURM_NNODES") or hosts
+    node_rank = _number(environ, "SLURM_NODEID")
     if node_rank is None or node_rank >= nnodes:
         raise RunError(f"SLURM_NODEID {printable(environ['SLURM_NODEID'])!r} is not a node of this {nnodes}-node job")
-    tasks = _count(environ, "SLURM_NTASKS") or _count(environ, "SLURM_STEP_NUM_TASKS")
+    tasks = _number(environ, "SLURM_NTASKS") or _number(environ, "SLURM_STEP_NUM_TASKS")
     if tasks and tasks > nnodes:
         raise RunError(f"this job step runs {tasks} tasks on {nnodes} nodes; envkit needs one per node "
                        f"(`srun --ntasks-per-node=1`): torchrun starts the per-GPU processes")
-    return SlurmPlacement(environ["SLURM_JOB_ID"], nnodes, node_rank, hosts[0], _count(environ, "SLURM_GPUS_ON_NODE"))
+    return SlurmPlacement(environ["SLURM_JOB_ID"], nnodes, node_rank, head, _number(environ, "SLURM_GPUS_ON_NODE"))
 
 
 def launch_options(environ: Mapping[str, str], *, nproc_per_node=None, nnodes=None, node_rank=None,

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from envkit.cache import cacheenv
 from envkit.cache.fingerprint import write_fingerprint
 from envkit.errors import RunError
 from envkit.run.rundir import LOG, NODE_JSON, now, read_node, read_run, read_summary, update_run
@@ -27,13 +28,12 @@ EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "inter
 
 
 def command_env(venv: Venv, cache_dir: Path, extra: dict[str, str]) -> dict[str, str]:
-    """What `envkit run` gives a command: the venv activated (its bin first on PATH), the private cache dirs."""
-    env = dict(os.environ)
+    """What `envkit run` gives a command: the venv activated (its bin first on PATH), the private cache
+    (envkit/cache/cacheenv.py)."""
+    env = cacheenv.apply(os.environ, cache_dir)
     env.pop("PYTHONHOME", None)
     env["VIRTUAL_ENV"] = str(venv.path)
     env["PATH"] = os.pathsep.join([str(venv.path / "bin"), env.get("PATH", os.defpath)])
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
-    env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     return env | extra
 
 

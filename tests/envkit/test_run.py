@@ -15,7 +15,7 @@ import pytest
 from envkit.errors import RunError
 from envkit.run import slurm
 from envkit.run.command import code_identity
-from helpers import run_envkit
+from helpers import assert_clean_error, run_envkit
 
 USER_SCRIPT = """\
 import torch
@@ -133,14 +133,95 @@ def test_code_identity_is_the_commit_plus_uncommitted_changes(tmp_path):
     assert len({clean["key"], edited["key"], untracked["key"]}) == 3 and edited["commit"] == clean["commit"]
 
 
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "-c",
+                    "protocol.file.allow=always", *args], check=True, capture_output=True)
+
+
+def test_code_identity_covers_a_submodules_edits_and_what_a_symlink_points_at(tmp_path):
+    """Edits the parent's `git diff` shows only as "-dirty" (inside a submodule), and edits to the file an untracked
+    symlink points at, are other code: another key each, never a stale cache taken as this code's."""
+    library = tmp_path / "library"
+    library.mkdir()
+    git(library, "init", "-q")
+    (library / "layers.py").write_text("WIDTH = 1\n")
+    git(library, "add", ".")
+    git(library, "commit", "-qm", "lib")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "train.py").write_text("import lib.layers\n")
+    git(repo, "submodule", "add", "-q", str(library), "lib")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "one")
+    keys = [code_identity(repo)["key"]]
+    for width in (2, 3):
+        (repo / "lib" / "layers.py").write_text(f"WIDTH = {width}\n")
+        keys.append(code_identity(repo)["key"])
+    outside = tmp_path / "shared_config.py"
+    outside.write_text("LR = 1\n")
+    (repo / "config.py").symlink_to(outside)
+    keys.append(code_identity(repo)["key"])
+    outside.write_text("LR = 2\n")
+    keys.append(code_identity(repo)["key"])
+    assert len(set(keys)) == len(keys), keys
+    plain = tmp_path / "plain"  # outside git: every *.py, links by their target's bytes
+    plain.mkdir()
+    (plain / "config.py").symlink_to(outside)
+    before = code_identity(plain)["key"]
+    outside.write_text("LR = 3\n")
+    assert code_identity(plain)["key"] != before
+
+
+def test_cache_variables_of_the_caller_are_named_and_replaced(test_lock, wheelhouse, tmp_path):
+    """A remote, redirected or disabled compile cache would bypass the private, fingerprinted one: preflight names
+    each such variable and the command sees envkit's values (SECURITY.md)."""
+    venv = tmp_path / "venv"
+    run_envkit("create", "--lock", str(test_lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse),
+               check=True)
+    hostile = {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
+               "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "theirs"), "TRITON_CACHE_DIR": str(tmp_path / "theirs-t"),
+               "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", "TORCHINDUCTOR_REDIS_HOST": "cache.example"}
+    show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % sorted(hostile)
+    proc = run_envkit("run", "--venv", str(venv), "--name", "env", "--", "python", "-c", show,
+                      env=dict(os.environ) | hostile)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    cache_dir = Path(record(tmp_path / "runs", "env")["cache_dir"])
+    assert seen == {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "0",
+                    "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TRITON_CACHE_DIR": str(cache_dir / "triton"),
+                    "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0", "TORCHINDUCTOR_REDIS_HOST": None}
+    [note] = [line for line in proc.stderr.splitlines() if line.startswith("env: ")]
+    assert all(name in note for name in hostile) and "cache.example" not in proc.stderr
+    assert record(tmp_path / "runs", "env")["env_overridden"] == sorted(hostile)
+
+
 def test_slurm_hostlists_expand_as_scontrol_does():
     assert slurm.expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
     assert slurm.expand_hostlist("r[1-2]n[8-9]") == ["r1n8", "r1n9", "r2n8", "r2n9"]
     assert slurm.expand_hostlist("127.0.0.[1-2]") == ["127.0.0.1", "127.0.0.2"]
     assert slurm.expand_hostlist("node9") == ["node9"]
-    for bad in ("gpu[1-", "gpu[3-1]", "gpu[a-b]", ""):
+    for bad in ("gpu[1-", "gpu[3-1]", "gpu[a-b]", "", "gpu[²-³]", "a]b", "n[[1]]"):
         with pytest.raises(RunError):
             slurm.expand_hostlist(bad)
+
+
+def test_a_hostile_slurm_step_is_one_line_before_any_preflight(tmp_path):
+    """Only the first host is used: a short list naming 10^10 hosts or 1,200 bracket groups is counted, never
+    written out; counts in other Unicode digits are refused, not passed to int()."""
+    step = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "2"}
+    assert slurm.placement(step | {"SLURM_JOB_NODELIST": "n[0-99999]x[0-99999]"}).head == "n0x0"
+    assert slurm.placement(step | {"SLURM_JOB_NODELIST": "n" + "[1-2]" * 1200}).head == "n" + "1" * 1200
+    for name in ("SLURM_JOB_NUM_NODES", "SLURM_NODEID", "SLURM_NTASKS"):
+        with pytest.raises(RunError, match=name):
+            slurm.placement(step | {"SLURM_JOB_NODELIST": "n[1-2]", name: "²"})
+    hostile = dict(os.environ) | step | {"SLURM_JOB_NODELIST": "n[0-99999]x[0-99999]", "SLURM_NNODES": "²",
+                                         "SLURM_JOB_NUM_NODES": "١٢"}
+    for command in (("run", "--venv", str(tmp_path / "nowhere"), "--", "true"),
+                    ("train", "--venv", str(tmp_path / "nowhere"))):
+        proc = run_envkit(*command, env=hostile, timeout=60)
+        assert_clean_error(proc, "SLURM_JOB_NUM_NODES")
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_slurm_placement_is_derived_and_what_the_user_gives_wins():

@@ -46,9 +46,12 @@ def test_run_json_of_the_wrong_shape_and_bad_run_names(tmp_path):
     (run_dir / "run.json").write_text("[]")
     assert [(r["name"], r["status"]) for r in run_json("runs")] == [("listy", "invalid")]
     assert_clean_error(run_envkit("logs", "listy"), "not a run record")
-    proc = run_envkit("train", "--name", "x" * 300, "--venv", str(tmp_path / "nowhere"))
-    assert_clean_error(proc, "run name")
-    assert not (tmp_path / "nowhere").exists()  # refused before any preflight
+    for name in ("x" * 300, "ends-in-a-newline\n"):  # `$` matched before a final newline; the rule is the whole name
+        proc = run_envkit("train", "--name", name, "--venv", str(tmp_path / "nowhere"))
+        assert_clean_error(proc, "run name")
+        proc = run_envkit("run", "--name", name, "--venv", str(tmp_path / "nowhere"), "--", "true")
+        assert_clean_error(proc, "run name")
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "runs" / "ends-in-a-newline\n").exists()
 
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="tmux names are only sanitised where tmux is installed")

@@ -313,3 +313,70 @@ def test_generated_data_decodes_through_a_cache_growing_in_place_to_the_same_tok
     copied = datasets.generate(target, cfg.data, 6, 1, 3, cfg.drafter.block_size)
     assert [s.input_ids for s in grown.sequences] == [s.input_ids for s in copied.sequences]
     assert len({len(s.input_ids) for s in grown.sequences}) > 1
+
+
+# -- a store vouches only for the bytes it holds ----------------------------------------------------------------
+def test_a_file_replaced_while_prepare_hashes_it_is_refused_not_keyed_by_the_old_bytes(tmp_path, home, monkeypatch):
+    """The attack: the file is renamed over while its sha256 is computed. The digest (of the old file) must not key
+    a store holding the new file's rows."""
+    from trainer.data import source_digest
+
+    rows, swapped = write_rows(tmp_path / "rows.jsonl", 50, seed=1), write_rows(tmp_path / "other.jsonl", 80, seed=2)
+    original = rows.read_bytes()
+    hash_then_swap = source_digest.file_sha256
+
+    def attacker(path):
+        digest = hash_then_swap(path)
+        os.rename(swapped, path)  # after the bytes were read, before any worker reads them
+        return digest
+
+    monkeypatch.setattr(source_digest, "file_sha256", attacker)
+    with pytest.raises(TrainerInputError, match="changed while it was read"):
+        store.prepare(rows, vocab_size=512, workers=1)
+    monkeypatch.undo()
+    rows.write_bytes(original)
+    again = store.prepare(rows, vocab_size=512, workers=1)
+    assert not again.reused and again.rows == 50
+
+
+def test_verify_catches_a_store_whose_rows_are_not_of_its_source(tmp_path, home):
+    """A store built by an earlier envkit under that attack (B's rows where A's key is) passes a re-hash of its own
+    files; `--verify` reads the source again and refuses it."""
+    a, b = write_rows(tmp_path / "a.jsonl", 40, seed=3), write_rows(tmp_path / "b.jsonl", 40, seed=4)
+    store_a = Path(json.loads(prepare_cli("--data", str(a)).stdout)["store"])
+    store_b = Path(json.loads(prepare_cli("--data", str(b)).stdout)["store"])
+    for entry in store_a.iterdir():
+        entry.unlink()
+    store_a.rmdir()
+    store_b.rename(store_a)
+    assert json.loads(prepare_cli("--data", str(a)).stdout)["reused"]  # sizes match: only --verify can tell
+    error = one_line_error(prepare_cli("--data", str(a), "--verify"))
+    assert "other bytes than" in error and str(a) in error
+
+
+@pytest.mark.parametrize("dtype", ["float64", "object", "int16", "float16"])
+def test_a_manifest_naming_another_token_dtype_is_one_line(tmp_path, home, dtype):
+    rows = write_rows(tmp_path / "rows.jsonl", 30)
+    prepared = Path(json.loads(prepare_cli("--data", str(rows)).stdout)["store"])
+    manifest = json.loads((prepared / "manifest.json").read_text())
+    (prepared / "manifest.json").write_text(json.dumps(manifest | {"token_dtype": dtype}))
+    error = one_line_error(prepare_cli("--data", str(rows)))
+    assert "token_dtype" in error and dtype in error and "rm -r" in error
+
+
+def test_one_enormous_line_is_cut_into_bounded_chunks_or_refused(tmp_path, home, monkeypatch):
+    """Memory is bounded whatever the file: plain text with no newline is cut between characters, a JSONL row over
+    the limit is one line naming the file."""
+    monkeypatch.setattr(store, "CHUNK_BYTES", 64 << 10)
+    text = tmp_path / "one-line.txt"
+    text.write_bytes(("naïve€" * 60_000).encode())  # 540 kB, no newline, multi-byte characters
+    data = text.read_bytes()
+    chunks = store._chunks(text, len(data), True)
+    assert len(chunks) >= 4 and max(end - start for start, end in chunks) <= 2 * store.CHUNK_BYTES
+    assert b"".join(data[start:end] for start, end in chunks) == data
+    assert all(data[start:end].decode("utf-8") for start, end in chunks)  # no character split
+    monkeypatch.setattr(store, "LINE_LIMIT", 128 << 10)
+    jsonl = tmp_path / "one-line.jsonl"
+    jsonl.write_text(json.dumps({"input_ids": list(range(1, 500)) * 200, "loss_mask": [1] * 99_800}) + "\n")
+    with pytest.raises(TrainerInputError, match="longer than"):
+        store.prepare(jsonl, vocab_size=512, workers=1)

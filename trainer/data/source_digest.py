@@ -14,10 +14,16 @@ import json
 import os
 from pathlib import Path
 
+from trainer.common.errors import TrainerInputError
 from trainer.common.files import atomic_write, file_sha256, permission_problem, read_json_record
 
 
-def _identity(path: Path) -> dict:
+def changed_while_read(path: Path) -> TrainerInputError:
+    return TrainerInputError(f"data file {path} changed while it was read (written to or replaced); prepare it again "
+                             f"once nothing writes it")
+
+
+def file_identity(path: Path) -> dict:
     info = os.stat(path)
     return {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "ctime_ns": info.st_ctime_ns, "ino": info.st_ino,
             "dev": info.st_dev}
@@ -35,19 +41,20 @@ def _trusted(memo: Path) -> bool:
 
 
 def source_sha256(path: Path, memo_dir: Path) -> str:
-    """The file's sha256, from the memo when the file is unchanged since, else computed and remembered."""
-    identity = _identity(path)
+    """The file's sha256, from the memo when the file is unchanged since, else computed and remembered. A file
+    written to or replaced while it is hashed is refused: the digest would vouch for bytes no longer there."""
+    identity = file_identity(path)
     memo = _memo_path(memo_dir, path)
     if memo.exists() and _trusted(memo):
         record = read_json_record(memo)
         if record and record.get("path") == str(path.absolute()) and record.get("stat") == identity:
             return str(record["sha256"])
     digest = file_sha256(path)
-    if _identity(path) == identity:  # not written to while it was read
-        try:
-            memo_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            atomic_write(memo, json.dumps({"path": str(path.absolute()), "stat": identity, "sha256": digest}),
-                         mode=0o600)
-        except OSError:
-            pass  # a memo is an optimisation: an unwritable home only costs the next start a re-hash
+    if file_identity(path) != identity:
+        raise changed_while_read(path)
+    try:
+        memo_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(memo, json.dumps({"path": str(path.absolute()), "stat": identity, "sha256": digest}), mode=0o600)
+    except OSError:
+        pass  # a memo is an optimisation: an unwritable home only costs the next start a re-hash
     return digest

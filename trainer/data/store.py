@@ -41,13 +41,15 @@ import numpy as np
 from trainer.common.errors import TrainerInputError
 from trainer.common.files import atomic_write, envkit_home, file_sha256, open_lock_file, permission_problem, read_json_record
 from trainer.data.rows import Sequence, parse_line, text_tokens
-from trainer.data.source_digest import source_sha256
+from trainer.data.source_digest import changed_while_read, file_identity, source_sha256
 
-FORMAT = 1
+FORMAT = 2  # 2: the manifest holds each chunk's sha256 of the source bytes that were tokenized
 MANIFEST = "manifest.json"
 ARRAYS = {"tokens": None, "loss_mask": np.uint8, "offsets": np.int64, "row_hash": np.uint64,
           "first_supervised": np.int64}
 CHUNK_BYTES = 4 << 20  # a worker's share of the file; a few of these in flight bound the memory
+LINE_LIMIT = 64 << 20  # a JSONL row longer than this is refused: one line is parsed whole, in memory
+TOKEN_DTYPES = ("uint16", "uint32")  # what _token_dtype writes; a manifest naming another is not a store
 TEXT_PIECE = 512  # plain text is stored in pieces of this many tokens (split further to the largest bucket)
 JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -123,6 +125,7 @@ def prepare_chunk(job: ChunkJob) -> dict:
     with open(job.path, "rb") as handle:
         handle.seek(job.start)
         data = handle.read(job.end - job.start)
+    read_sha256 = hashlib.sha256(data).hexdigest()  # what was tokenized: --verify compares it with the source
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -170,24 +173,48 @@ def prepare_chunk(job: ChunkJob) -> dict:
     return {"tokens": np.concatenate(ids).tobytes() if ids else b"",
             "loss_mask": np.concatenate(mask).tobytes() if mask else b"",
             "lengths": np.asarray(lengths, dtype=np.int64), "row_hash": np.asarray(hashes, dtype=np.uint64),
-            "first_supervised": np.asarray(firsts, dtype=np.int64), "bad": bad, "lines": len(lines)}
+            "first_supervised": np.asarray(firsts, dtype=np.int64), "bad": bad, "lines": len(lines),
+            "sha256": read_sha256}
 
 
 def _hash(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
-def _chunks(path: Path, size: int) -> list[tuple[int, int]]:
-    """Byte ranges of about CHUNK_BYTES that end at a newline (a line is never split)."""
+def _chunks(path: Path, size: int, text: bool) -> list[tuple[int, int]]:
+    """Byte ranges of about CHUNK_BYTES that end at a newline (a JSONL line is never split). Plain text with no
+    newline in reach is cut at a space, else between UTF-8 characters, so one enormous line never becomes one
+    chunk: a worker's memory stays bounded whatever the file."""
     bounds, start = [], 0
     with path.open("rb") as handle:
         while start < size:
-            handle.seek(min(size, start + CHUNK_BYTES))
-            handle.readline()
-            end = min(size, handle.tell()) if start + CHUNK_BYTES < size else size
+            if start + CHUNK_BYTES >= size:
+                bounds.append((start, size))
+                break
+            handle.seek(start + CHUNK_BYTES)
+            reach = LINE_LIMIT if not text else CHUNK_BYTES
+            rest = handle.readline(reach)
+            if rest.endswith(b"\n") or start + CHUNK_BYTES + len(rest) >= size:
+                end = start + CHUNK_BYTES + len(rest)
+            elif not text:
+                raise TrainerInputError(f"{path}: the line at byte {start} and after is longer than "
+                                        f"{LINE_LIMIT >> 20} MiB; a JSONL row must be shorter (split the row)")
+            else:
+                end = start + CHUNK_BYTES + _text_cut(rest)
             bounds.append((start, end))
             start = end
     return bounds
+
+
+def _text_cut(piece: bytes) -> int:
+    """Where to end a text chunk inside `piece`: after its last space, else at its last UTF-8 character's start."""
+    space = max(piece.rfind(b" "), piece.rfind(b"\t"))
+    if space >= 0:
+        return space + 1
+    cut = len(piece) - 1
+    while cut > 0 and piece[cut] & 0xC0 == 0x80:  # a continuation byte: the character started before it
+        cut -= 1
+    return cut
 
 
 # -- the store ---------------------------------------------------------------------------------------------------
@@ -212,6 +239,7 @@ def prepare(path: str | Path, *, tokenizer_dir: str | None = None, template_kwar
     source_path = Path(path)
     if not source_path.is_file():
         raise TrainerInputError(f"data file {path} does not exist or is not a regular file")
+    identity = file_identity(source_path)
     source = _source(source_path)
     tokenizer_files = _tokenizer_files(tokenizer_dir)
     key = store_key(source, tokenizer_files, template_kwargs, vocab_size)
@@ -229,7 +257,7 @@ def prepare(path: str | Path, *, tokenizer_dir: str | None = None, template_kwar
                 for stale in root.glob(f".{key}.tmp-*"):  # a killed prepare's; we hold the lock, none is live
                     shutil.rmtree(stale, ignore_errors=True)
                 _build(source_path, source, tokenizer_files, template_kwargs, skip_bad, vocab_size, tokenizer_dir,
-                       out, workers or os.cpu_count() or 1, log, progress)
+                       out, workers or os.cpu_count() or 1, log, progress, identity)
                 manifest = read_manifest(out)
                 return _prepared(out, manifest, started, reused=False)
         finally:
@@ -246,17 +274,17 @@ def _prepared(out: Path, manifest: dict, started: float, *, reused: bool) -> Pre
 
 
 def _build(source_path: Path, source: dict, tokenizer_files: dict, template_kwargs, skip_bad: bool, vocab_size,
-           tokenizer_dir, out: Path, workers: int, log, progress) -> None:
+           tokenizer_dir, out: Path, workers: int, log, progress, identity: dict) -> None:
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         text = source_path.suffix not in JSONL_SUFFIXES
         jobs = [ChunkJob(str(source_path), start, end, text, tokenizer_dir, template_kwargs, vocab_size, skip_bad)
-                for start, end in _chunks(source_path, source["size"])]
+                for start, end in _chunks(source_path, source["size"], text)]
         handles = {name: (tmp / f"{name}.bin").open("wb") for name in ARRAYS}
         counts = {"rows": 0, "tokens": 0, "skipped": 0, "untrainable": 0, "lines": 0}
         handles["offsets"].write(np.zeros(1, dtype=np.int64).tobytes())
-        done_bytes = 0
+        done_bytes, read = 0, []
         for job, result in zip(jobs, _run(jobs, workers)):
             if "error" in result:
                 line, message, _malformed = result["error"]
@@ -272,6 +300,7 @@ def _build(source_path: Path, source: dict, tokenizer_files: dict, template_kwar
             counts["skipped"] += len(result["bad"])
             counts["untrainable"] += int((result["first_supervised"] < 0).sum())
             counts["lines"] += result["lines"]
+            read.append([job.start, job.end, result["sha256"]])
             done_bytes += job.end - job.start
             if progress:
                 progress(done_bytes, source["size"], counts["rows"], time.perf_counter() - started)
@@ -279,13 +308,15 @@ def _build(source_path: Path, source: dict, tokenizer_files: dict, template_kwar
             handle.flush()
             os.fsync(handle.fileno())
             handle.close()
+        if file_identity(source_path) != identity:  # the digest in the key is of the bytes the workers read
+            raise changed_while_read(source_path)
         if counts["rows"] == 0:
             raise TrainerInputError(f"{source_path} holds no row of data (every line empty or skipped)")
         seconds = time.perf_counter() - started
         manifest = {"format": FORMAT, "source": source, "tokenizer": tokenizer_dir, "tokenizer_files": tokenizer_files,
                     "template_kwargs": template_kwargs, "vocab_size": vocab_size, "code": code_digest(),
                     "kind": "text" if text else "jsonl", "token_dtype": np.dtype(_token_dtype(vocab_size)).name,
-                    "counts": counts, "seconds": round(seconds, 2), "rows_per_s": counts["rows"] / max(seconds, 1e-9),
+                    "source_chunks": read, "counts": counts, "seconds": round(seconds, 2), "rows_per_s": counts["rows"] / max(seconds, 1e-9),
                     "files": {f"{name}.bin": {"size": (tmp / f"{name}.bin").stat().st_size,
                                                "sha256": file_sha256(tmp / f"{name}.bin")} for name in ARRAYS}}
         atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")  # the marker: last
@@ -327,6 +358,13 @@ def read_manifest(out: Path) -> dict:
             and set(files) == {f"{name}.bin" for name in ARRAYS} and isinstance(manifest.get("counts"), dict)):
         raise TrainerInputError(f"the token store {str(out)!r} has no readable {MANIFEST} of format {FORMAT}; "
                                 f"remove it (`rm -r {out}`) and it is prepared again on next use")
+    vocab_size = manifest.get("vocab_size")
+    expected = np.dtype(_token_dtype(vocab_size if isinstance(vocab_size, int) else None)).name
+    if manifest.get("token_dtype") != expected:
+        # A float or object dtype would fail every load; int16 or float16 would reinterpret the ids silently.
+        raise TrainerInputError(f"the token store {str(out)!r} names token_dtype "
+                                f"{str(manifest.get('token_dtype'))[:40]!r}, not the {expected} it writes for its "
+                                f"vocabulary; remove it (`rm -r {out}`) and it is prepared again on next use")
     return manifest
 
 
@@ -381,6 +419,31 @@ def open_store(out: Path, *, verify: bool = False) -> TokenStore:
         raise TrainerInputError(f"the token store {str(out)!r} is inconsistent (offsets and rows disagree); remove "
                                 f"it (`rm -r {out}`) and it is prepared again on next use")
     return TokenStore(out, manifest, **arrays)
+
+
+def verify_source(out: Path, source_path: Path) -> None:
+    """The store holds rows of this file's bytes: every chunk the workers tokenized has the sha256 recorded for
+    it, read again from `source_path` (a store built from bytes other than its key's is refused)."""
+    manifest = read_manifest(out)
+    chunks = manifest.get("source_chunks")
+    if not isinstance(chunks, list) or not chunks:
+        raise TrainerInputError(f"the token store {str(out)!r} records no digest of the bytes it was built from; "
+                                f"remove it (`rm -r {out}`) and prepare again")
+    mismatch = TrainerInputError(f"the token store {str(out)!r} holds rows of other bytes than {source_path} (the "
+                                 f"file changed or was replaced while it was prepared); remove it (`rm -r {out}`) and "
+                                 f"prepare again")
+    covered = 0
+    with open(source_path, "rb") as handle:
+        for chunk in chunks:
+            if not (isinstance(chunk, list) and len(chunk) == 3 and chunk[0] == covered
+                    and isinstance(chunk[1], int) and chunk[1] > covered and isinstance(chunk[2], str)):
+                raise mismatch
+            handle.seek(chunk[0])
+            if hashlib.sha256(handle.read(chunk[1] - chunk[0])).hexdigest() != chunk[2]:
+                raise mismatch
+            covered = chunk[1]
+        if covered != os.fstat(handle.fileno()).st_size:
+            raise mismatch
 
 
 class Progress:
