@@ -370,9 +370,18 @@ def cmd_prepare(args) -> int:
             raise TrainerInputError(f"the target {cfg.target.path or cfg.target.recipe} has no config.json with a "
                                     f"vocab_size")
         cfg.target.vocab_size = config["vocab_size"]
+        vocabulary = f"the vocabulary of the target {cfg.target.path or cfg.target.recipe}"
+    elif args.tokenizer and not (args.preset or args.config):  # the tokenizer's own ids, not a preset's guess
+        from transformers import AutoTokenizer
+
+        cfg.target.vocab_size = len(AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True))
+        vocabulary = f"the vocabulary of the tokenizer {args.tokenizer}"
+    else:
+        default = "" if (args.preset or args.config) else ", the default"
+        vocabulary = f"the {cfg.preset} preset's {cfg.target.vocab_size}-token vocabulary{default}"
     prepared = store.prepare(cfg.data.path, tokenizer_dir=tokenizer_source(cfg),
                              template_kwargs=cfg.data.chat_template_kwargs, skip_bad=cfg.data.skip_bad,
-                             vocab_size=cfg.target.vocab_size, progress=store.Progress())
+                             vocab_size=cfg.target.vocab_size, progress=store.Progress(), vocabulary=vocabulary)
     if args.verify:
         store.open_store(Path(prepared.store), verify=True)
         store.verify_source(Path(prepared.store), Path(cfg.data.path))

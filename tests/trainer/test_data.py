@@ -333,7 +333,7 @@ def test_a_file_replaced_while_prepare_hashes_it_is_refused_not_keyed_by_the_old
     monkeypatch.setattr(source_digest, "file_sha256", attacker)
     with pytest.raises(TrainerInputError, match="changed while it was read"):
         store.prepare(rows, vocab_size=512, workers=1)
-    monkeypatch.undo()
+    monkeypatch.setattr(source_digest, "file_sha256", hash_then_swap)  # not undo(): that would unset ENVKIT_HOME too
     rows.write_bytes(original)
     again = store.prepare(rows, vocab_size=512, workers=1)
     assert not again.reused and again.rows == 50

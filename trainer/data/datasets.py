@@ -268,7 +268,7 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
     in the last `ban_recent` positions (plain greedy decoding of a random target collapses into
     repetition that trivial copy rules predict better than any drafter). Prompts are random tokens
     unless given (`prompt_len` tokens each)."""
-    from trainer.data.decode_cache import growing_cache  # transformers: imported where a target decodes
+    from trainer.data.decode_cache import forward_cached, growing_cache  # transformers: imported where a target decodes
 
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
@@ -292,7 +292,7 @@ def generate(target, cfg: DataConfig, count: int, mask_token_id: int, seed: int,
         cache = growing_cache()
         step_input = tokens
         for _ in range(max_len - cfg.prompt_len):
-            logits = target(input_ids=step_input, past_key_values=cache, use_cache=True).logits[:, -1].float()
+            logits = forward_cached(target, step_input, cache).logits[:, -1].float()
             logits[:, mask_token_id] = float("-inf")
             if cfg.greedy:
                 nxt = logits.argmax(-1, keepdim=True)

@@ -1,10 +1,42 @@
-"""The KV cache of decoding many rows at once (generated data, the walk's reference continuations): transformers'
-DynamicCache, its layers growing in place."""
+"""transformers' KV cache as every supported version spells it (5.6.0, the training lock's, to 5.25.0, the newest):
+the one module that touches its API, so a change upstream is read and fixed here (docs/trainer.md, "transformers").
+
+- The forward's cache argument is `past_key_values` through 5.2x's deprecation and `cache` after (5.2x warns on
+  the old name, 5.40 removes it): the name is read off the model's own signature, never off a version number.
+- `crop(n)` took the length to keep until 5.17 deprecated it and 5.18 refused a positive n; a negative n, the
+  number of positions to drop, means the same in every version.
+- Decoding many rows at once (generated data, the walk's reference continuations) grows each layer in place.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_argument(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def forward_cached(model, input_ids, cache):
+    """The model's forward over `input_ids` appended to `cache` (filled in place), as this transformers names it."""
+    unwrapped = getattr(model, "_orig_mod", model)  # a torch.compile'd module's forward takes *args, **kwargs
+    return model(input_ids=input_ids, use_cache=True, **{_cache_argument(type(unwrapped)): cache})
+
+
+def new_cache() -> DynamicCache:
+    return DynamicCache()
+
+
+def drop_last(cache: DynamicCache, positions: int) -> None:
+    """Forget the cache's last `positions` positions (a rejected draft's)."""
+    if positions > 0:
+        cache.crop(-positions)
 
 
 class GrowingLayer(DynamicLayer):

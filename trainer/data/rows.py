@@ -16,6 +16,10 @@ class Sequence:
     loss_mask: list[int]
 
 
+class OutsideVocabulary(ValueError):
+    """A token id the vocabulary the data is checked against does not hold: the file's or the vocabulary's fault."""
+
+
 def token_ids(values, vocab_size: int | None, what: str) -> list[int]:
     """Whole numbers in [0, vocab): an id outside the vocabulary would crash a step (a device assert on CUDA)
     at whatever step first draws it; here it is the line's error."""
@@ -29,7 +33,7 @@ def token_ids(values, vocab_size: int | None, what: str) -> list[int]:
             if type(value) is not int:
                 raise ValueError(f"{what} holds {value!r:.40}, not a token id")
             if value < 0 or (vocab_size is not None and value >= vocab_size):
-                raise ValueError(f"token id {value} is outside the vocabulary (0..{(vocab_size or 1) - 1})")
+                raise OutsideVocabulary(f"token id {value} is outside the vocabulary (0..{(vocab_size or 1) - 1})")
     return values
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from trainer.common.errors import TrainerInputError
 from trainer.common.files import atomic_write, envkit_home, file_sha256, open_lock_file, permission_problem, read_json_record
-from trainer.data.rows import Sequence, parse_line, text_tokens
+from trainer.data.rows import OutsideVocabulary, Sequence, parse_line, text_tokens
 from trainer.data.source_digest import changed_while_read, file_identity, source_sha256
 
 FORMAT = 2  # 2: the manifest holds each chunk's sha256 of the source bytes that were tokenized
@@ -157,6 +157,11 @@ def prepare_chunk(job: ChunkJob) -> dict:
                 seq = parse_line(line, job.vocab_size, tokenizer, job.template_kwargs)
             except TrainerInputError as exc:
                 return {"error": (number, str(exc), False), "lines": len(lines)}
+            except OutsideVocabulary as exc:
+                if not job.skip_bad:  # the vocabulary may be the wrong one, not the line: prepare() names it
+                    return {"error": (number, str(exc), "vocabulary"), "lines": len(lines)}
+                bad.append(number)
+                continue
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 if not job.skip_bad:
                     return {"error": (number, f"malformed line ({exc}); fix it or pass --skip-bad", True),
@@ -233,8 +238,9 @@ class Prepared:
 
 def prepare(path: str | Path, *, tokenizer_dir: str | None = None, template_kwargs: dict | None = None,
             skip_bad: bool = False, vocab_size: int | None = None, workers: int | None = None,
-            log=print, progress=None) -> Prepared:
-    """The store of `path`, prepared now or found intact from before."""
+            log=print, progress=None, vocabulary: str | None = None) -> Prepared:
+    """The store of `path`, prepared now or found intact from before. `vocabulary` says where `vocab_size` came
+    from (an id outside it is then named with it and how to choose another)."""
     started = time.perf_counter()
     source_path = Path(path)
     if not source_path.is_file():
@@ -257,7 +263,7 @@ def prepare(path: str | Path, *, tokenizer_dir: str | None = None, template_kwar
                 for stale in root.glob(f".{key}.tmp-*"):  # a killed prepare's; we hold the lock, none is live
                     shutil.rmtree(stale, ignore_errors=True)
                 _build(source_path, source, tokenizer_files, template_kwargs, skip_bad, vocab_size, tokenizer_dir,
-                       out, workers or os.cpu_count() or 1, log, progress, identity)
+                       out, workers or os.cpu_count() or 1, log, progress, identity, vocabulary)
                 manifest = read_manifest(out)
                 return _prepared(out, manifest, started, reused=False)
         finally:
@@ -274,7 +280,7 @@ def _prepared(out: Path, manifest: dict, started: float, *, reused: bool) -> Pre
 
 
 def _build(source_path: Path, source: dict, tokenizer_files: dict, template_kwargs, skip_bad: bool, vocab_size,
-           tokenizer_dir, out: Path, workers: int, log, progress, identity: dict) -> None:
+           tokenizer_dir, out: Path, workers: int, log, progress, identity: dict, vocabulary: str | None) -> None:
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -287,7 +293,12 @@ def _build(source_path: Path, source: dict, tokenizer_files: dict, template_kwar
         done_bytes, read = 0, []
         for job, result in zip(jobs, _run(jobs, workers)):
             if "error" in result:
-                line, message, _malformed = result["error"]
+                line, message, kind = result["error"]
+                if kind == "vocabulary" and vocabulary:  # prepare's vocabulary may be a default, not the target's
+                    message = (f"{message.replace('the vocabulary', vocabulary)}; if the data is right, give its "
+                               f"target's vocabulary: --preset NAME, --target DIR or --tokenizer DIR")
+                elif kind == "vocabulary":  # the run's own target: the line is wrong
+                    message = f"malformed line ({message}); fix it or pass --skip-bad"
                 raise TrainerInputError(f"{source_path}:{counts['lines'] + line}: {message}")
             handles["tokens"].write(result["tokens"])
             handles["loss_mask"].write(result["loss_mask"])

@@ -48,11 +48,13 @@ class CachedTarget:
     only the positions not yet cached, and a rejected draft's positions are cropped from the cache."""
 
     def __init__(self, target, layer_ids: list[int]):
-        from transformers import DynamicCache  # the trainer's only use of transformers' cache classes
+        from trainer.data import decode_cache  # transformers: imported where a target decodes
+
+        self.hf = decode_cache
 
         self.target, self.layer_ids = target, layer_ids
         self.device = next(target.parameters()).device
-        self.cache = DynamicCache()
+        self.cache = decode_cache.new_cache()
         self.cached = 0  # positions in the cache
 
     def feed(self, tokens: list[int] | torch.Tensor) -> TargetPass:
@@ -60,14 +62,14 @@ class CachedTarget:
         after the cached positions."""
         ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor([tokens], device=self.device)
         with recorded_taps(self.target, self.layer_ids) as states:
-            out = self.target(input_ids=ids, past_key_values=self.cache, use_cache=True)
+            out = self.hf.forward_cached(self.target, ids, self.cache)
             self.cached += ids.shape[1]
             return TargetPass(out.logits[0].float(), states() if self.layer_ids else None)
 
     def keep(self, positions: int) -> None:
         """Forget every cached position from `positions` on (a rejected draft's)."""
         if positions < self.cached:
-            self.cache.crop(positions)
+            self.hf.drop_last(self.cache, self.cached - positions)
             self.cached = positions
 
 
@@ -83,7 +85,7 @@ def greedy_continuations(target, prompts: list[list[int]], new_tokens: int) -> I
     a time, so a caller done with a batch frees its logits. Prompts of one length decode as one batch, one forward
     a token for all of them (16 prompts: 64 forwards, not 1,024); a row's logits may round apart from a lone
     decode's in the last bits, which check_lossless calls a near-tie."""
-    from trainer.data.decode_cache import growing_cache  # transformers: imported where a target decodes
+    from trainer.data.decode_cache import forward_cached, growing_cache  # transformers: imported where a target decodes
 
     device = next(target.parameters()).device
     vocab = target.get_output_embeddings().weight.shape[0]
@@ -96,7 +98,7 @@ def greedy_continuations(target, prompts: list[list[int]], new_tokens: int) -> I
             batch = indices[start:start + rows]
             cache, step_input, logits = growing_cache(), torch.tensor([prompts[i] for i in batch], device=device), []
             for _ in range(new_tokens):
-                logits.append(target(input_ids=step_input, past_key_values=cache, use_cache=True).logits[:, -1].float())
+                logits.append(forward_cached(target, step_input, cache).logits[:, -1].float())
                 step_input = logits[-1].argmax(-1, keepdim=True)  # (rows, 1)
             stacked = torch.stack(logits, dim=1)  # (rows, new_tokens, V)
             chosen = stacked.argmax(-1).tolist()
