@@ -1,5 +1,9 @@
-# The two set-up commands of a fresh machine: `make demo` and `make test`.
-PYTHON ?= python3
+# The two set-up commands of a fresh machine: `make demo` and `make test`. Both install into a project venv,
+# .venv, that they create: never into the interpreter they are started with (a Debian or Ubuntu Python is
+# externally managed, PEP 668, and a tool about clean environments should not install itself globally).
+BOOTSTRAP_PYTHON ?= python3
+VENV := .venv
+PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 # The test process imports torch for the trainer's unit tests (the cpu profile's torch) and loads exports
 # with Z Lab's reference `dflash`, whose model module needs a transformers with
@@ -10,14 +14,17 @@ REFERENCE_DFLASH := dflash==0.1.0
 
 .PHONY: install demo test test-fast bench
 
-# The editable install builds with the interpreter's own setuptools where it is new enough to build a wheel
-# from pyproject.toml alone (>= 71): 3.6 s against 7.4 s for pip's isolated build env; elsewhere, isolated.
-EDITABLE := $(PIP) install -q $(shell $(PYTHON) -c "import setuptools; print('--no-build-isolation' if \
-	int(setuptools.__version__.split('.')[0]) >= 71 else '')" 2>/dev/null) -e
+# The project venv, made once with the standard library's venv. A setuptools new enough to build a wheel from
+# pyproject.toml alone (>= 71) lets the editable install skip pip's isolated build env (3.6 s against 7.4 s).
+$(PYTHON):
+	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
+	$(PIP) install -q 'setuptools>=71'
+
+EDITABLE := $(PIP) install -q --no-build-isolation -e
 
 # An editable install writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set nothing ever does: every
 # `envkit` command would compile its ~130 modules from source (25 ms of doctor's 0.3 s). Compile them once.
-install:
+install: $(PYTHON)
 	$(EDITABLE) .
 	$(PYTHON) -m compileall -q envkit trainer
 
@@ -27,7 +34,7 @@ demo: install
 
 # Every tier, on two pytest-xdist workers that share the session's venv, warm cache and trained runs
 # (tests/README.md).
-test:
+test: $(PYTHON)
 	$(EDITABLE) '.[dev]' $(TEST_TRAIN_PINS)
 	$(PIP) install -q --no-deps $(REFERENCE_DFLASH)
 	$(PYTHON) -m compileall -q envkit trainer
@@ -35,11 +42,11 @@ test:
 
 # The unit tier only (tests/README.md): in-process and short subprocesses, no venv built, nothing trained. Its
 # tests are single-threaded, so two workers nearly halve it (159 s -> 85 s on the 2-core VM, bench/RESULTS.md).
-test-fast:
-	$(EDITABLE) '.[dev]'
+test-fast: $(PYTHON)
+	$(EDITABLE) '.[dev]' $(TEST_TRAIN_PINS)
 	$(PYTHON) -m pytest -q -ra -m unit -n 2
 
-bench:
+bench: install
 	$(PYTHON) bench/create.py
 	$(PYTHON) bench/doctor.py
 	$(PYTHON) bench/train_tiny.py

@@ -110,7 +110,8 @@ def test_pylock_from_uv_export_of_a_project(wheelhouse, tmp_path):
         'build-backend = "hatchling.build"\n')
     uv_sources = ["--no-index", "--find-links", str(wheelhouse)]
     for args in (["lock"], ["export", "--format", "pylock.toml", "-o", "pylock.toml"]):
-        done = subprocess.run(["uv", *args, *uv_sources, "--quiet"], cwd=project, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "uv", *args, *uv_sources, "--quiet"], cwd=project,
+                              capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     venv = tmp_path / "venv"
     created = run_envkit("create", "--lock", str(project / "pylock.toml"), "--venv", str(venv), "--no-index",

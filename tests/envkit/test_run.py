@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -92,8 +93,8 @@ def test_exit_codes_missing_commands_and_a_polluted_venv(test_lock, wheelhouse, 
     assert missing.returncode == 1 and "command not found: 'no-such-program-here'" in missing.stderr
     assert not (runs / "none").exists()
 
-    subprocess.run(["uv", "pip", "install", "--python", str(venv / "bin" / "python"), "--no-index", "--find-links",
-                    str(wheelhouse), "sglang==0.0.1", "-q"], check=True)
+    subprocess.run([sys.executable, "-m", "uv", "pip", "install", "--python", str(venv / "bin" / "python"), "--no-index",
+                    "--find-links", str(wheelhouse), "sglang==0.0.1", "-q"], check=True)
     stopped = run_envkit("run", "--venv", str(venv), "--name", "dirty", "--", "python", "-c", "print('ran')")
     assert stopped.returncode == 1 and "doctor found problems" in stopped.stderr and "sglang" in stopped.stderr
     assert "ran" not in stopped.stdout and not (runs / "dirty").exists()

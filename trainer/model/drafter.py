@@ -79,6 +79,10 @@ class FlexAttention:
 
 
 BACKENDS = {"sdpa": SdpaAttention, "flex": FlexAttention}
+# Evaluation and the walk run the drafter outside the compiled loss: flex_attention there would run eager,
+# materialising every score (HAZARDS.md H8, and torch warns so); SDPA with the dense mask of the same rule runs
+# fused kernels uncompiled, on every device (both backends agree: tests/trainer/test_model.py).
+EVAL_ATTENTION = SdpaAttention
 
 
 class DrafterLayer(nn.Module):

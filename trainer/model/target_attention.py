@@ -19,12 +19,18 @@ from trainer.model.masks import FLEX_BLOCK, block_mask_from_tiles, document_star
 NAME = "envkit_documents"
 
 
-@functools.cache
-def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
+_COMPILED_FLEX = []  # filled once, outside any traced region
 
-    # One graph per bucket shape, compiled in warm-up like the drafter's.
-    return torch.compile(flex_attention, dynamic=False)
+
+def _compiled_flex():
+    """torch.compile(flex_attention), made once: one graph per bucket shape, compiled in warm-up like the drafter's.
+    Not functools.cache: a compiled target inlines this call, and dynamo warns on every lru_cache-wrapped call it
+    traces (it cannot know the cache is pure)."""
+    if not _COMPILED_FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _COMPILED_FLEX[0]
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

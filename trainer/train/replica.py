@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.config.schema import TrainConfig
+from trainer.model.drafter import EVAL_ATTENTION
 from trainer.model.loss import weighted_block_loss
 from trainer.train.inputs import StepInputs
 
@@ -66,9 +67,9 @@ class Replica:
     def draft(self, tapped, block_ids, anchors, positions=None, doc_ids=None) -> torch.Tensor:
         """Greedy token per block slot (B, Q), for evaluation."""
         block_embeds = F.embedding(block_ids, self.embed_weight)
-        prepared = self.attention.prepare(anchors, tapped.shape[1], self.cfg.drafter.block_size, doc_ids)
+        prepared = EVAL_ATTENTION.prepare(anchors, tapped.shape[1], self.cfg.drafter.block_size, doc_ids)
         with self._autocast():
-            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, self.attention, prepared, positions)
+            hidden = self.drafter(tapped.to(self.dtype), block_embeds, anchors, EVAL_ATTENTION, prepared, positions)
             return (hidden @ self.head_weight.t()).argmax(-1)
 
     def apply_gradients(self) -> None:

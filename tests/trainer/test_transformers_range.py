@@ -1,0 +1,63 @@
+"""The trainer across the transformers it supports: the demo's run on the newest (the `cpu-newest` profile), its
+walk, its export loaded by the reference `dflash`, and a log with no warning in it (docs/trainer.md, "transformers").
+
+The tiny preset's compiled region is the trainer's own drafter, so the shared warm cache serves this venv too (the
+env key holds torch, not transformers) and the run costs what the demo's does, less the cold compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import run_envkit
+
+pytestmark = pytest.mark.e2e
+
+# What a warning looks like in a log: Python's warnings, torch's glog-style lines (W1205 17:21:15.123 ...), a
+# logger's "WARNING", anything that says deprecated.
+WARNING_LINE = re.compile(r"\w*Warning\b|warnings\.warn|^W\d{4} \d\d:|\bWARNING\b|deprecat", re.IGNORECASE)
+
+
+def warnings_in(text: str) -> list[str]:
+    return [line for line in text.splitlines() if WARNING_LINE.search(line)]
+
+
+def test_the_demo_run_prints_no_warning(tiny_run):
+    run_dir, _, stdout = tiny_run
+    assert warnings_in((run_dir / "train.log").read_text()) == []
+    assert warnings_in(stdout) == []
+
+
+def test_the_newest_transformers_trains_walks_and_exports_as_the_locked_one(tiny_run, warm_cache_root, tmp_path):
+    """The same run, the same figures: the demo's on transformers 5.6.0 (the cpu lock) and here on the newest
+    (5.25.0 today), whose cache API and forward argument differ (trainer/data/decode_cache.py)."""
+    locked = json.loads((tiny_run[0] / "run.json").read_text())["summary"]
+    shutil.copytree(warm_cache_root, tmp_path / "cache", symlinks=True)
+    env = dict(os.environ, ENVKIT_CACHE_DIR=str(tmp_path / "cache"), ENVKIT_RUNS_DIR=str(tmp_path / "runs"),
+               ENVKIT_HOME=str(tmp_path / "home"))
+    proc = run_envkit("train", "--profile", "cpu-newest", "--preset", "tiny", "--name", "newest", env=env,
+                      timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "newest"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["versions"]["transformers"] == "5.25.0" and record["profile"] == "cpu-newest"
+    summary = record["summary"]
+    assert summary["walk_near_ties"] == 0 and summary["beats_baselines"], summary
+    # Equal within run-to-run noise: the walk's figures read the same tokens on both versions.
+    for key in ("walk_tau", "walk_copy_tau", "walk_repeat_tau", "tau_end"):
+        assert summary[key] == pytest.approx(locked[key], abs=0.15), (key, summary[key], locked[key])
+    assert warnings_in((run_dir / "train.log").read_text()) == []
+
+    out = tmp_path / "served"
+    exported = run_envkit("export", "newest", "--out", str(out), env=env)
+    assert exported.returncode == 0, exported.stderr
+    dflash_model = pytest.importorskip("dflash.model", reason="make test installs the reference dflash (--no-deps)")
+    draft, info = dflash_model.DFlashDraftModel.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info
+    assert json.loads((Path(out) / "config.json").read_text())["dflash_config"]["target_layer_ids"]
