@@ -1,4 +1,5 @@
-"""Which lock envkit created a venv from, recorded in envkit's own state (a venv's envkit.json is its own word).
+"""Which lock envkit created a venv from, and so its role (train or serve), recorded in envkit's own state (a venv's
+envkit.json is its own word).
 
 doctor, train and export use a venv's lock without `--profile/--lock` only when the user or envkit chose
 it: a profile of this project, or the lock envkit recorded here when it built that very venv (same path,
@@ -34,21 +35,47 @@ def remember(venv: Venv, profile: profiles.Profile) -> None:
     if identity is None:
         return
     record = {**identity, "profile": profile.name, "lock_digest": profile.lock_digest,
-              "lock_path": str(profile.path.resolve()) if profile.path else None}
+              "lock_path": str(profile.path.resolve()) if profile.path else None, "role": profile.role,
+              "engine": profile.engine}
     try:
         state.write(KIND, state.path_key(venv.path), record)
     except OSError as exc:  # the venv is fine; only its lock must then be named on later commands
         state.warn_ignored(state.record_path(KIND, state.path_key(venv.path)), f"cannot be written ({exc.strerror})")
 
 
-def recorded_lock(venv: Venv) -> str | None:
-    """The lock path envkit recorded creating this very venv from, or None."""
+def _record(venv: Venv) -> dict | None:
+    """envkit's record of creating this very venv (same path, same directory inode), or None."""
     record = state.read(KIND, state.path_key(venv.path))
     identity = _identity(venv)
     if not record or identity is None or any(record.get(k) != v for k, v in identity.items()):
         return None
-    lock_path = record.get("lock_path")
+    return record
+
+
+def recorded_lock(venv: Venv) -> str | None:
+    """The lock path envkit recorded creating this very venv from, or None."""
+    lock_path = (_record(venv) or {}).get("lock_path")
     return lock_path if isinstance(lock_path, str) else None
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str  # "train" or "serve"
+    engine: str | None  # a serve venv's engine
+    profile: str | None  # the profile it was created from, for messages
+    recorded: bool  # envkit's own record says so (else: the lock the user named, else the default, train)
+
+
+def role_of(venv: Venv, profile: profiles.Profile | None = None) -> Role:
+    """A venv's role: what envkit recorded creating it as, else the role of the lock the user named, else train.
+    Nothing in the venv counts (a venv does not choose its own role)."""
+    record = _record(venv)
+    if record and record.get("role") in profiles.ROLES:
+        engine = record.get("engine") if record.get("engine") in profiles.ENGINES else None
+        return Role(record["role"], engine, record.get("profile"), True)
+    if profile is not None:
+        return Role(profile.role, profile.engine, profile.name, False)
+    return Role("train", None, None, False)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ CHECKS = (
     (cachechecks.check_fingerprint, False),
     (torchchecks.check_hazards, False),
 )
+# What only a training venv has: the trainer's compile cache and its threads' torch hazards. A serve venv is
+# checked for everything else (drift, edits, start-up code, duplicates, variables) as a training venv is.
+TRAINING_ONLY = {cachechecks.check_perms, cachechecks.check_fingerprint, torchchecks.check_hazards}
 
 
 def load_context(venv_path=None, profile_name=None, lock_path=None, *, deep=False, environ=None, fetch=False,
@@ -41,13 +44,16 @@ def load_context(venv_path=None, profile_name=None, lock_path=None, *, deep=Fals
     venv = resolve_venv(venv_path, profile_name)
     choice = venvrecord.lock_for(venv, profile_name, lock_path)
     return Context(venv, choice.profile, dict(os.environ if environ is None else environ),
-                   deep=deep, fetch=fetch, find_links=tuple(find_links), lock_refused=choice.refused)
+                   deep=deep, fetch=fetch, find_links=tuple(find_links), lock_refused=choice.refused,
+                   role=venvrecord.role_of(venv, choice.profile).name)
 
 
 def diagnose(ctx: Context) -> Report:
     findings: list[Finding] = []
     skipped = []
     for check, needs_lock in CHECKS:
+        if ctx.role == "serve" and check in TRAINING_ONLY:
+            continue
         if needs_lock and ctx.lock_refused:
             findings.append(Finding("lock.untrusted", Status.FAIL, str(ctx.venv.path),
                                     f"no lock checked: {ctx.lock_refused}", ctx.lock_fix_command()))
@@ -56,6 +62,8 @@ def diagnose(ctx: Context) -> Report:
             skipped.append("lock.missing/lock.version/lock.extra: no lock (give --profile NAME or --lock PATH)")
             continue
         findings += check(ctx)
+    if ctx.role == "serve":
+        skipped.append("cache.perms/cache.fingerprint/torch.hazard: a serve venv (it compiles nothing of the trainer's)")
     report = Report(str(ctx.venv.path), ctx.profile.name if ctx.profile else None, tuple(findings), tuple(skipped))
     events = story.history(ctx)
     return dataclasses.replace(report, causes=tuple(story.causes(ctx, report, events)), history=tuple(events))

@@ -29,6 +29,7 @@ class Context:
     fetch: bool = False  # download a wheel to show a hand edit as a diff
     find_links: tuple = ()  # wheelhouses given on the command line (the configured ones are read too)
     lock_refused: str = ""  # why the lock the venv's envkit.json names was not used (venvrecord)
+    role: str = "train"  # "serve": a serving engine's venv (venvrecord.role_of); its engine is expected, not a stray
     files_checked: int = 0  # set by the RECORD check, for its summary line
     files_hashed: int = 0  # of those, how many were read (the others' stat matched the doctor index)
     record_problems: dict = field(default_factory=dict)  # dist-info name -> why its RECORD is unreadable

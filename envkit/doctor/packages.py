@@ -79,13 +79,23 @@ def stray_reasons(ctx: Context) -> dict[str, str]:
     return found
 
 
+def serve_profiles() -> dict[str, str]:
+    """Catalog package -> the serve profile whose venv runs it (serving stacks belong in a venv of their own)."""
+    return {entry["name"]: entry["serve-profile"] for entry in stray_catalog().get("stray", [])
+            if "serve-profile" in entry}
+
+
 def check_strays(ctx: Context) -> list[Finding]:
     findings = []
+    serving = serve_profiles()
     for name, why in sorted(stray_reasons(ctx).items()):
         version = ", ".join(d.version for d in ctx.by_name[name])
         # `name` passed PEP 508's name rule (envkit/installed.py); the path is quoted: the line is pasted into a shell.
         fix = ctx.fix_command() if ctx.profile else \
             f"uv pip uninstall --python {shlex.quote(str(ctx.venv.python))} {shlex.quote(name)}"
+        if name in serving and ctx.role == "train":
+            fix += (f"; then serve from a venv of its own: envkit create --profile {serving[name]} --venv .venv-serve "
+                    f"&& envkit serve --venv .venv-serve --model DIR")
         findings.append(Finding("stray.known", Status.FAIL, name, f"{name} {version}: {why}", fix))
     return findings or [Finding("stray.known", Status.OK, "catalog", "no package known to break training envs")]
 

@@ -61,6 +61,10 @@ class Profile:
     packages: tuple[LockedPackage, ...] = field(default=())
     path: Path | None = None
     pep751: bool = False  # read from a pylock.toml: another tool writes it, envkit only reads it
+    # "train" (the default) or "serve": a serve profile's venv runs a serving engine and never trains; its engine
+    # (transformers, vllm, sglang) is what `envkit serve --engine auto` starts.
+    role: str = "train"
+    engine: str | None = None
     left_out: tuple[str, ...] = ()  # a pylock's local directory packages (the project itself): no index serves them
 
     @property
@@ -221,7 +225,22 @@ def parse(data: dict, path: Path) -> Profile:
         generated_by=table.get("generated-by", ""),
         packages=tuple(sorted(packages, key=lambda p: p.name)),
         path=path,
+        **_role(table, path),
     )
+
+
+ROLES = ("train", "serve")
+ENGINES = ("transformers", "vllm", "sglang")
+
+
+def _role(table: dict, path: Path) -> dict:
+    role, engine = table.get("role", "train"), table.get("engine")
+    if role not in ROLES:
+        raise ProfileError(f"{path}: [profile].role must be one of {', '.join(ROLES)}, not {printable(repr(role))}")
+    if (role == "serve") != (engine is not None) or (engine is not None and engine not in ENGINES):
+        raise ProfileError(f"{path}: a serve profile names its engine ([profile].engine: {', '.join(ENGINES)}); "
+                           f"a training profile names none")
+    return {"role": role, "engine": engine}
 
 
 def _toml_string(value: str) -> str:
@@ -239,6 +258,8 @@ def render(profile: Profile) -> str:
     if profile.torch_backend:
         lines.append(f"torch-backend = {_toml_string(profile.torch_backend)}")
     lines.append(f"platform = {_toml_string(profile.platform)}")
+    if profile.role != "train":
+        lines += [f"role = {_toml_string(profile.role)}", f"engine = {_toml_string(profile.engine)}"]
     lines.append("requirements = [")
     lines += [f"    {_toml_string(r)}," for r in profile.requirements]
     lines.append("]")

@@ -9,7 +9,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from envkit import __version__, doctor, paths, selftest
+from envkit import __version__, doctor, paths, selftest, venvrecord
 from envkit.cache import cacheenv, warmup
 from envkit.cache.fingerprint import read_fingerprint, tampered_names
 from envkit.cache.key import compile_root, ensure_private_dir, env_key, key_parts
@@ -18,9 +18,11 @@ from envkit.doctor.findings import Report, Status
 from envkit.doctor.render import as_table
 from envkit.errors import RunError
 from envkit.installed import installed_versions
+from envkit.lock import profile as profiles
 from envkit.lock.uvtool import uv_version
 from envkit.run.rundir import check_run_name
 from envkit.support.progress import Phases
+from envkit.support.text import printable
 from envkit.trainer_source import trainer_digest
 from envkit.venv import Venv
 
@@ -50,16 +52,38 @@ def _blocking(report: Report, allow_warn: bool) -> list:
             or (f.status == Status.WARN and not allow_warn and f.id not in HANDLED_WARNINGS)]
 
 
-def preflight_venv(venv_path: str | None, profile_name: str | None, phases: Phases) -> Venv:
+ROLE_ADVICE = {
+    "train": "train in a training venv: `envkit create --profile cpu --venv .venv-train` (cuda on a GPU host) and "
+             "pass that --venv",
+    "serve": "serving engines run from a venv of their own, so training's torch stays its own: `envkit create "
+             "--profile serve-cpu --venv .venv-serve` (serve-vllm or serve-sglang on a CUDA host) and pass that --venv",
+}
+
+
+def require_role(venv: Venv, profile: profiles.Profile | None, wanted: str) -> venvrecord.Role:
+    """The venv's role (venvrecord.role_of) is `wanted`, or one line saying what it is and what to use instead."""
+    role = venvrecord.role_of(venv, profile)
+    if role.name != wanted:
+        made = f"created from profile {role.profile}" if role.recorded else f"profile {role.profile}"
+        what = {"serve": "a serve venv", "train": "a training venv"}[role.name]
+        raise RunError(f"{printable(venv.path)} is {what} ({made}); {ROLE_ADVICE[wanted]}")
+    return role
+
+
+def preflight_venv(venv_path: str | None, profile_name: str | None, phases: Phases, role: str = "train") -> Venv:
+    """The venv to run in (created from the profile when it does not exist yet), of the role the command needs."""
+    named = profiles.load(profile_name) if profile_name else None
     profile_name = profile_name or paths.DEFAULT_PROFILE
     path = Path(venv_path) if venv_path else paths.default_venv(profile_name)
     venv = Venv(path.expanduser().absolute())
     if not venv.path.exists():
+        require_role(venv, named, role)  # before a venv of the wrong kind is made
         with phases.phase("create", f"{venv.path} from profile {profile_name}"):
             create(profile_name, None, venv.path)
     else:
         with phases.phase("create", f"{venv.path} exists"):
             venv.require()
+    require_role(venv, named, role)
     return venv
 
 
