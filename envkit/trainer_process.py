@@ -9,6 +9,7 @@ from pathlib import Path
 from envkit import paths
 from envkit.cache import cacheenv
 from envkit.errors import CacheError, EnvkitError
+from envkit.run.isolation import without_engine_variables
 from envkit.venv import Venv
 from trainer.common.children import die_with_parent
 
@@ -20,7 +21,8 @@ def trainer_command(venv: Venv, *args: str) -> list[str]:
 
 def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
     """The environment the trainer runs with: the bundled trainer importable, the private cache (envkit/cache/cacheenv.py)."""
-    env = cacheenv.apply(os.environ, cache_dir) if cache_dir is not None else dict(os.environ)
+    environ = without_engine_variables(os.environ)  # envkit/run/isolation.py
+    env = cacheenv.apply(environ, cache_dir) if cache_dir is not None else environ
     env["PYTHONPATH"] = str(paths.trainer_root())
     env["PYTHONUNBUFFERED"] = "1"
     return env

@@ -18,7 +18,7 @@ from trainer.common.files import loads_json
 METRICS_LIMIT = 256 << 20
 
 
-def _alive(pid) -> bool:
+def alive(pid) -> bool:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False  # a pid run.json gives must be one; never signal group 0 or -1
     try:
@@ -63,9 +63,9 @@ def status_of(record: dict) -> str:
         return "invalid"
     if status in ("running", "starting") and not started_here(record):
         return "elsewhere"  # its pids are another machine's: nothing here can say it is alive
-    if status == "running" and not _alive(record.get("supervisor_pid")):
+    if status == "running" and not alive(record.get("supervisor_pid")):
         return "lost"  # the supervisor died without recording an end (SIGKILL, reboot)
-    if status == "starting" and not _alive(record.get("launcher_pid")) and not _alive(record.get("supervisor_pid")):
+    if status == "starting" and not alive(record.get("launcher_pid")) and not alive(record.get("supervisor_pid")):
         return "lost"  # killed between preflight and supervision
     return status
 

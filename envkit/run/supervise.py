@@ -17,6 +17,7 @@ from pathlib import Path
 from envkit.cache import cacheenv
 from envkit.cache.fingerprint import write_fingerprint
 from envkit.errors import RunError
+from envkit.run import isolation
 from envkit.run.rundir import LOG, NODE_JSON, now, read_node, read_run, read_summary, update_run
 from envkit.support.progress import Phases
 from envkit.support.text import printable
@@ -30,11 +31,21 @@ EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "inter
 def command_env(venv: Venv, cache_dir: Path, extra: dict[str, str]) -> dict[str, str]:
     """What `envkit run` gives a command: the venv activated (its bin first on PATH), the private cache
     (envkit/cache/cacheenv.py)."""
-    env = cacheenv.apply(os.environ, cache_dir)
+    env = cacheenv.apply(isolation.without_engine_variables(os.environ), cache_dir)
     env.pop("PYTHONHOME", None)
     env["VIRTUAL_ENV"] = str(venv.path)
     env["PATH"] = os.pathsep.join([str(venv.path / "bin"), env.get("PATH", os.defpath)])
     return env | extra
+
+
+def process_env(record: dict, venv: Venv) -> dict[str, str]:
+    """The environment of the run's process by its kind: a server's has nothing of training (isolation.py)."""
+    kind = record.get("kind")
+    if kind == "server":
+        return isolation.server_env(os.environ, venv.path)
+    if kind == "command":
+        return command_env(venv, Path(record["cache_dir"]), record.get("env") or {})
+    return trainer_env(venv, Path(record["cache_dir"]))
 
 
 def tmux_session_name(run_name: str) -> str:
@@ -47,8 +58,9 @@ def tmux_session_name(run_name: str) -> str:
     return name
 
 
-def detach(run_dir: Path, phases: Phases, label: str) -> dict:
-    """Start the supervisor in tmux (or a new session); it records its own pid and status in run.json."""
+def detach(run_dir: Path, phases: Phases, label: str, stop_hint: str | None = None) -> dict:
+    """Start the supervisor in tmux (or a new session); it records its own pid and status in run.json.
+    `stop_hint`: the command that stops it, where it has one of its own (`envkit serve --stop NAME`)."""
     supervisor = [sys.executable, "-m", "envkit", "supervise", str(run_dir)]
     follow = f"envkit logs {run_dir.name} -f"
     if shutil.which("tmux"):
@@ -67,7 +79,7 @@ def detach(run_dir: Path, phases: Phases, label: str) -> dict:
             proc = subprocess.Popen(supervisor, stdin=stdin, stdout=devnull, stderr=devnull, start_new_session=True)
         where, stop = f"a new session (pid {proc.pid}; tmux is not installed)", f"kill -TERM {proc.pid}"
     _wait_until_supervised(run_dir)
-    phases.say(f"{label}: detached in {where}\n  follow: {follow}\n  stop:   {stop}")
+    phases.say(f"{label}: detached in {where}\n  follow: {follow}\n  stop:   {stop_hint or stop}")
     return read_run(run_dir) | {"run_dir": str(run_dir)}
 
 
@@ -86,8 +98,7 @@ def supervise(run_dir: Path, *, echo: bool) -> dict:
     record = read_run(run_dir)
     venv = Venv(Path(record["venv"]))
     command_run = record.get("kind") == "command"
-    env = (command_env(venv, Path(record["cache_dir"]), record.get("env") or {}) if command_run
-           else trainer_env(venv, Path(record["cache_dir"])))
+    env = process_env(record, venv)
     with (run_dir / LOG).open("ab") as log:
         # A session of its own: signals reach it only through us, once. It dies with us (SIGTERM, so it
         # checkpoints) rather than run on unsupervised.
@@ -116,7 +127,7 @@ def supervise(run_dir: Path, *, echo: bool) -> dict:
     status = EXIT_STATUS.get(code, "failed")
     fields = {"node": read_node(run_dir)} if (run_dir / NODE_JSON).exists() else {}
     if status == "failed":
-        what = "the command" if command_run else "the trainer"
+        what = {"command": "the command", "server": "the server"}.get(record.get("kind"), "the trainer")
         fields["error"] = worker_failure(run_dir / LOG) or f"{what} exited {code}; see {run_dir / LOG}"
     if command_run and status == "finished":
         # What the command compiled is vouched for from here on: a later run verifies it before starting.

@@ -48,6 +48,12 @@ def parse_line(line: bytes, vocab_size: int | None, tokenizer, template_kwargs: 
         if not isinstance(mask, list) or len(mask) != len(ids):
             raise ValueError("loss_mask and input_ids differ in length")
         return Sequence(ids, mask if set(mask) <= {0, 1} else [int(bool(m)) for m in mask])
+    if "prompt" in row and "completion" in row:  # a regenerated row (envkit data regenerate)
+        if tokenizer is None:
+            raise TrainerInputError("prompt/completion data needs a tokenizer; give --tokenizer PATH or --target PATH")
+        if not isinstance(row["prompt"], str) or not isinstance(row["completion"], str):
+            raise ValueError("prompt and completion must be strings")
+        return completion_tokens(tokenizer, row["prompt"], row["completion"], vocab_size)
     if "text" in row:
         if tokenizer is None:
             raise TrainerInputError("text data needs a tokenizer; give --tokenizer PATH or --target PATH")
@@ -60,7 +66,7 @@ def parse_line(line: bytes, vocab_size: int | None, tokenizer, template_kwargs: 
         seq = conversation_tokens(tokenizer, row["conversations"], template_kwargs)
         token_ids(seq.input_ids, vocab_size, "the tokenized conversation")
         return seq
-    raise ValueError("expected `input_ids`, `text` or `conversations`")
+    raise ValueError("expected `input_ids`, `prompt` and `completion`, `text` or `conversations`")
 
 
 def text_tokens(tokenizer, text: str, vocab_size: int | None) -> Sequence:
@@ -68,6 +74,15 @@ def text_tokens(tokenizer, text: str, vocab_size: int | None) -> Sequence:
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     token_ids(ids, vocab_size, "the tokenized text")
     return Sequence(ids, [1] * len(ids))
+
+
+def completion_tokens(tokenizer, prompt: str, completion: str, vocab_size: int | None) -> Sequence:
+    """A prompt and the target's continuation: the prompt's tokens then the completion's, as a serving engine
+    tokenized the one and generated the other; only the completion is supervised."""
+    prompt_ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    completion_ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"])
+    ids = token_ids(prompt_ids + completion_ids, vocab_size, "the tokenized prompt and completion")
+    return Sequence(ids, [0] * len(prompt_ids) + [1] * len(completion_ids))
 
 
 def conversation_tokens(tokenizer, messages, template_kwargs: dict | None) -> Sequence:

@@ -11,8 +11,9 @@ per token (the JSONL read into lists cost 54 bytes a token; here 2 or 4 plus 1):
     row_hash.bin     uint64 per row: a hash of the row's source bytes (the held-out split; stable when rows
                      are appended)
     first_supervised.bin  int64 per row: the first supervised position >= 1 (-1: none; such a row cannot train)
-    manifest.json    sources (size, sha256), tokenizer files' digests, template kwargs, the data code's
-                     digest, counts, and every file's size and sha256; written last
+    manifest.json    sources (size, sha256, and the sha256 of each chunk tokenized), tokenizer files' digests,
+                     template kwargs, the data code's digest, counts, every file's size and sha256, and for
+                     regenerated data what produced it (`provenance`: model, engine, sampling); written last
 
 It is built in worker processes over byte ranges of the file (every core; memory bounded by the
 chunks in flight, whatever the file's size), into a temporary sibling renamed into place under a
@@ -39,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from trainer.common.errors import TrainerInputError
-from trainer.common.files import atomic_write, envkit_home, file_sha256, open_lock_file, permission_problem, read_json_record
+from trainer.common.files import (atomic_write, envkit_home, file_sha256, open_lock_file, permission_problem,
+                                  read_json_file, read_json_record)
 from trainer.data.rows import OutsideVocabulary, Sequence, parse_line, text_tokens
 from trainer.data.source_digest import changed_while_read, file_identity, source_sha256
 
@@ -78,6 +80,18 @@ def _source(path: Path) -> dict:
     info = path.stat()
     return {"path": str(path.absolute()), "name": path.name, "size": info.st_size,
             "sha256": source_sha256(path, data_root() / ".sources")}
+
+
+def provenance(source_path: Path, sha256: str) -> dict | None:
+    """What produced the data file, when `envkit data regenerate` wrote it: its manifest beside the file, counted
+    only while the sha256 it records for its output is this file's."""
+    try:
+        record = read_json_file(source_path.with_name(source_path.name + ".manifest.json"), limit=16 << 20)
+    except (ValueError, OSError):
+        return None
+    if not isinstance(record, dict) or record.get("output_sha256") != sha256:
+        return None
+    return {key: record.get(key) for key in ("model", "engine", "settings", "prompts", "prompts_sha256", "servers")}
 
 
 def store_key(source: dict, tokenizer_files: dict, template_kwargs: dict | None, vocab_size: int | None) -> str:
@@ -327,7 +341,8 @@ def _build(source_path: Path, source: dict, tokenizer_files: dict, template_kwar
         manifest = {"format": FORMAT, "source": source, "tokenizer": tokenizer_dir, "tokenizer_files": tokenizer_files,
                     "template_kwargs": template_kwargs, "vocab_size": vocab_size, "code": code_digest(),
                     "kind": "text" if text else "jsonl", "token_dtype": np.dtype(_token_dtype(vocab_size)).name,
-                    "source_chunks": read, "counts": counts, "seconds": round(seconds, 2), "rows_per_s": counts["rows"] / max(seconds, 1e-9),
+                    "source_chunks": read, "provenance": provenance(source_path, source["sha256"]),
+                    "counts": counts, "seconds": round(seconds, 2), "rows_per_s": counts["rows"] / max(seconds, 1e-9),
                     "files": {f"{name}.bin": {"size": (tmp / f"{name}.bin").stat().st_size,
                                                "sha256": file_sha256(tmp / f"{name}.bin")} for name in ARRAYS}}
         atomic_write(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")  # the marker: last
