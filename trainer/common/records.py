@@ -51,6 +51,8 @@ class WalkRow(TypedDict):
     walk_copy_tau: float
     walk_prompts: int
     walk_new_tokens: int
+    walk_degenerate: int  # prompts the target continued degenerately (one token over half): left out of the taus
+    walk_counted: int  # prompts the taus are the mean over
     walk_near_ties: int  # divergences from greedy decoding at a near-tie of the target's logits
     walk_method: str
     walk_tau_by_prompt: list[float]
@@ -66,6 +68,8 @@ class Summary(TypedDict):
     walk_prompts: int
     walk_new_tokens: int
     walk_near_ties: int  # divergences from greedy decoding at a near-tie of the target's logits
+    walk_degenerate: int  # prompts the target continued degenerately, left out of the walk's taus
+    walk_counted: int  # prompts the walk's taus are the mean over
     tau_method: str
     steps: int
     loss_start: float | None

@@ -87,3 +87,33 @@ def prompts(tokenizer, held_out: bool, count: int, length: int, seed: int) -> li
     if len(out) < count:
         raise TrainerInputError(f"the corpus has too few files longer than {length} tokens; lower data.prompt_len")
     return out
+
+
+def function_openings(held_out: bool, count: int, seed: int, max_chars: int = 600) -> list[str]:
+    """`count` docstring-led function openings (a `def` line and its docstring, dedented, ending in a newline and
+    the body's indentation) from the training files (or the held-out ones), reproducibly for a seed: the prompts
+    a user's code assistant is asked to complete, and what the recipe regenerates answers to."""
+    import ast
+    import random
+    import textwrap
+
+    found = []
+    for file in (f for f in files() if f.held_out == held_out):
+        source = read(file)
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        lines = source.splitlines(keepends=True)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
+                continue
+            docstring = node.body[0]
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            opening = textwrap.dedent("".join(lines[first - 1:docstring.end_lineno]))
+            body_indent = " " * (docstring.col_offset - node.col_offset)
+            if len(opening) <= max_chars and node.body[1:]:  # a body follows: the target has something to write
+                found.append(opening.rstrip("\n") + "\n" + body_indent)
+    if len(found) < count:
+        raise TrainerInputError(f"the corpus has {len(found)} docstring-led functions, fewer than {count}")
+    return random.Random(seed).sample(found, count)

@@ -409,7 +409,8 @@ class Trainer:
         return {"summary": True, "walk_tau": walk_tau, "walk_repeat_tau": final_walk["walk_repeat_tau"],
                 "walk_copy_tau": final_walk["walk_copy_tau"], "walk_method": final_walk["walk_method"],
                 "walk_prompts": final_walk["walk_prompts"], "walk_new_tokens": final_walk["walk_new_tokens"],
-                "walk_near_ties": final_walk["walk_near_ties"],
+                "walk_near_ties": final_walk["walk_near_ties"], "walk_degenerate": final_walk["walk_degenerate"],
+                "walk_counted": final_walk["walk_counted"],
                 "tau_method": final_eval["tau_method"],
                 "steps": self.step_count, "loss_start": self.first_loss,
                 "loss_end": round(sum(self.recent_losses) / len(self.recent_losses), 5) if self.recent_losses else None,
@@ -446,8 +447,13 @@ class Trainer:
     def _log_walk(self, row: dict) -> None:
         self._write(row)
         self.log(f"walk step {row['step']}: tau {row['walk_tau']:.2f} (repeat-anchor {row['walk_repeat_tau']:.2f}, "
-                 f"copy {row['walk_copy_tau']:.2f}) over {row['walk_prompts']} prompts x {row['walk_new_tokens']} "
+                 f"copy {row['walk_copy_tau']:.2f}) over {row['walk_counted']} prompts x {row['walk_new_tokens']} "
                  f"tokens, lossless ({row['walk_near_ties']} near-ties)")
+        if row["walk_degenerate"]:
+            left = (f"left out of these figures" if row["walk_counted"] < row["walk_prompts"] else
+                    f"every prompt: the figures are over them all and measure the loop, not the drafter")
+            self.log(f"walk: the target continued {row['walk_degenerate']} of {row['walk_prompts']} prompts "
+                     f"degenerately (one token over half of the continuation): {left}")
 
     # -- state ------------------------------------------------------------------------------------
     @functools.cached_property
