@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from helpers import ONE_STEP, build_wheel, run_envkit, run_trainer, write_profile
+from helpers import CODE_RUN_STEPS, EAGER, ONE_STEP, build_wheel, run_envkit, run_trainer, write_profile
 
 # `make test` runs two workers on two cores: one torch thread each, here and in every process a test starts
 # (two-thread processes side by side on two cores spin waiting for each other's cores).
@@ -126,6 +126,21 @@ def tiny_run(tmp_path_factory, cpu_venv, warm_cache_root):
         (tmp / "stdout.txt").write_text(proc.stdout)
     tmp = built_once(tmp_path_factory, "tiny-run", train)
     return tmp / "runs" / "tiny", _run_env(tmp), (tmp / "stdout.txt").read_text()
+
+
+@pytest.fixture(scope="session")
+def code_run(tmp_path_factory, cpu_venv):
+    """`envkit train --preset code` in a home with no target yet: the first run builds code_tiny, which the serve
+    tests then serve (one build for both)."""
+    def train(tmp: Path) -> None:
+        proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "code", "--name", "code", "--", "--steps",
+                          str(CODE_RUN_STEPS), EAGER, env=_run_env(tmp), timeout=1800)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (tmp / "output.txt").write_text(proc.stdout + proc.stderr)
+    tmp = built_once(tmp_path_factory, "code-run", train)
+    targets = list((tmp / "home" / "targets").glob("code_tiny-*"))
+    assert len(targets) == 1, targets
+    return tmp / "runs" / "code", _run_env(tmp), (tmp / "output.txt").read_text(), targets[0]
 
 
 @pytest.fixture(scope="module")

@@ -13,15 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROJECT, run_envkit
+from helpers import CODE_RUN_STEPS as RUN_STEPS, EAGER, PROJECT, run_envkit
 from trainer.data import corpus
-
-# Fewer steps than the preset's 1500 keep the suite short; the preset's own figures are in bench/RESULTS.md.
-RUN_STEPS = 600
-# Eager: what is asserted here is the target and what the drafter learns from it; the compiled path (warm-up,
-# cache, no recompiles) is the tiny preset's tests, and a cold compile of this preset's two buckets would cost
-# the suite more than it saves over 600 steps.
-EAGER = "--no-compile"
 
 
 def test_corpus_split_is_by_file_deterministic_and_disjoint():
@@ -33,20 +26,6 @@ def test_corpus_split_is_by_file_deterministic_and_disjoint():
     assert [f.relpath for f in corpus.files()] == [f.relpath for f in files]  # the same order every time
     assert not any(part in corpus.SKIPPED_DIRS for f in files for part in f.relpath.split("/")[:-1])
     assert corpus.digest(files) == corpus.digest(corpus.files())
-
-
-@pytest.fixture(scope="module")
-def code_run(tmp_path_factory, cpu_venv):
-    """`envkit train --preset code` in a home with no target yet: the first run builds code_tiny."""
-    tmp = tmp_path_factory.mktemp("code-run")
-    env = dict(os.environ, ENVKIT_HOME=str(tmp / "home"), ENVKIT_RUNS_DIR=str(tmp / "runs"),
-               ENVKIT_CACHE_DIR=str(tmp / "cache"))
-    proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "code", "--name", "code", "--",
-                      "--steps", str(RUN_STEPS), EAGER, env=env, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    targets = list((tmp / "home" / "targets").glob("code_tiny-*"))
-    assert len(targets) == 1, targets
-    return tmp / "runs" / "code", env, proc.stdout + proc.stderr, targets[0]
 
 
 @pytest.mark.e2e
