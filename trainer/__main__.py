@@ -19,6 +19,7 @@ from pathlib import Path
 from trainer.common import torch_build
 from trainer.common.errors import TrainerInputError
 from trainer.common.files import atomic_write, loads_json, read_json_file, read_json_record
+from trainer.common.notices import filter_known_notices
 from trainer.common.records import headline
 from trainer.config.schema import TrainConfig, resolve
 from trainer.export.place import check_out
@@ -508,6 +509,7 @@ def main(argv=None) -> int:
                    help="weights dtype (default: the training dtype)")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # torchrun hands it on to each rank
+    filter_known_notices()  # before transformers or the trainer import torchao
     if getattr(args, "gpus", None):
         if args.nproc_per_node and args.nproc_per_node != args.gpus:
             parser.error("--gpus is --nproc-per-node on GPUs: give one of them")

@@ -14,8 +14,6 @@ on CPU.
 from __future__ import annotations
 
 import contextlib
-import logging
-import warnings
 
 import torch
 from torch import nn
@@ -113,26 +111,8 @@ def bf16_target(model: nn.Module):
             module.enabled = True
 
 
-# torchao says this at import when its C++ extensions were built for another torch: float8 training is Python
-# and Triton, so for this run it is nothing to act on. Filtered by its text at its source (torchao's logger, or a
-# warning, as versions differ), so every other torchao notice still reaches the log.
-TORCHAO_CPP_NOTICE = "Skipping import of cpp extensions"
-
-
-class _DropTorchaoCppNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(TORCHAO_CPP_NOTICE)
-
-
-def _quiet_torchao_import() -> None:
-    for logger in (logging.getLogger("torchao"), logging.getLogger()):  # its module logger, or logging.warning()
-        logger.addFilter(_DropTorchaoCppNotice())
-    warnings.filterwarnings("ignore", message=TORCHAO_CPP_NOTICE)
-
-
 def convert_drafter(drafter: nn.Module) -> None:
     """The drafter's linears trained in FP8 through torchao (dynamic scaling, its recipe's defaults)."""
-    _quiet_torchao_import()
     try:
         from torchao.float8 import convert_to_float8_training
     except ImportError:
