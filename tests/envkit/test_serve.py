@@ -41,7 +41,10 @@ def serving(tmp_path_factory, code_run):
     venv = tmp / "serve-venv"
     created = run_envkit("create", "--profile", "serve-cpu", "--venv", str(venv), env=env, timeout=900)
     assert created.returncode == 0, created.stderr[-3000:]
-    return venv, env, code_run[3], tmp
+    yield venv, env, code_run[3], tmp
+    for row in json.loads(run_envkit("runs", "--json", env=env).stdout):  # a failed test leaves no server running
+        if row["status"] in ("running", "starting"):
+            run_envkit("serve", "--stop", row["name"], env=env)
 
 
 def start_server(venv: Path, target: Path, env: dict, name: str) -> str:
@@ -125,11 +128,21 @@ def test_the_recipe_through_two_venvs(serving, cpu_venv, tmp_path):
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     greedy = greedy_in_training_venv(cpu_venv, target, prompts)
+    same_tokens = 0
     for row, expected in zip(rows, greedy):
-        got = tokenizer(row["completion"], add_special_tokens=False)["input_ids"]
         assert row["text"] == row["prompt"] + row["completion"]
-        # Token for token; only the last token may differ (its text, cut at --max-tokens, may re-tokenize).
-        assert got[:-1] == expected[:len(got) - 1] and len(got) <= NEW_TOKENS + 1, (row["prompt"], got, expected)
+        if tokenizer.eos_token_id in expected:  # the server stops at the end-of-text token; greedy runs on
+            expected = expected[:expected.index(tokenizer.eos_token_id)]
+        # The server's text is exactly the target's greedy tokens, decoded.
+        assert row["completion"] == tokenizer.decode(expected, skip_special_tokens=True), row["prompt"]
+        # Tokenized again, token for token, but at the boundaries: the first token, which joins the prompt's last
+        # (the target may write "  " + "  " where the tokenizer writes "    "), and the last, cut by --max-tokens.
+        head = tokenizer.decode(expected[:1])
+        again = tokenizer(row["completion"][len(head):], add_special_tokens=False)["input_ids"]
+        same_tokens += again[:-1] == expected[1:len(again)]
+    # A byte-level BPE target may also segment mid-text as its tokenizer would not (measured: 229 of 256 rows
+    # re-tokenize to the same tokens); the text above is exact for every row.
+    assert same_tokens >= len(rows) // 2, same_tokens
 
     # The training venv never saw any of it, and trains on the answers as on any data file.
     assert doctor_fails(cpu_venv, env) == 0
