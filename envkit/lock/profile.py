@@ -34,6 +34,7 @@ DEFAULT_PLATFORM = "x86_64-manylinux_2_28"
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # also a file and directory name
 PACKAGE_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)  # PEP 508
 SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
+EXCLUDE_NEWER = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}Z)?")
 PLAIN_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+*<>=!~,-]{0,63}$")  # python request, backend, platform
 
 
@@ -65,6 +66,9 @@ class Profile:
     # (transformers, vllm, sglang) is what `envkit serve --engine auto` starts.
     role: str = "train"
     engine: str | None = None
+    # Resolve as the index stood then (uv's --exclude-newer, RFC 3339): `envkit lock --check` of a profile that
+    # names it keeps holding when a dependency releases tomorrow.
+    exclude_newer: str | None = None
     left_out: tuple[str, ...] = ()  # a pylock's local directory packages (the project itself): no index serves them
 
     @property
@@ -225,8 +229,17 @@ def parse(data: dict, path: Path) -> Profile:
         generated_by=table.get("generated-by", ""),
         packages=tuple(sorted(packages, key=lambda p: p.name)),
         path=path,
+        exclude_newer=_exclude_newer(table, path),
         **_role(table, path),
     )
+
+
+def _exclude_newer(table: dict, path: Path) -> str | None:
+    value = table.get("exclude-newer")
+    if value is not None and (not isinstance(value, str) or not EXCLUDE_NEWER.fullmatch(value)):
+        raise ProfileError(f"{path}: [profile].exclude-newer = {printable(repr(value))} is not a date or an RFC 3339 "
+                           f"UTC time (2026-12-05 or 2026-12-05T00:00:00Z)")
+    return value
 
 
 ROLES = ("train", "serve")
@@ -260,6 +273,8 @@ def render(profile: Profile) -> str:
     lines.append(f"platform = {_toml_string(profile.platform)}")
     if profile.role != "train":
         lines += [f"role = {_toml_string(profile.role)}", f"engine = {_toml_string(profile.engine)}"]
+    if profile.exclude_newer:
+        lines.append(f"exclude-newer = {_toml_string(profile.exclude_newer)}")
     lines.append("requirements = [")
     lines += [f"    {_toml_string(r)}," for r in profile.requirements]
     lines.append("]")

@@ -82,6 +82,7 @@ def compile_packages(profile: Profile, links: list[str], *, offline: bool = Fals
         req_in.write_text("\n".join(profile.requirements) + "\n")
         out = run_uv(["pip", "compile", str(req_in), "--generate-hashes", "--no-header", "--no-annotate",
                       "--python-version", _python_version(profile), "--python-platform", profile.platform,
+                      *(["--exclude-newer", profile.exclude_newer] if profile.exclude_newer else []),
                       "--quiet", *source_args(profile, links, offline=offline, no_index=no_index)])
     return parse_hashed_requirements(out)
 
