@@ -18,7 +18,7 @@ if [ "$PART" = start ]; then
     python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
     python3 -c "import torchao; print('torchao', torchao.__version__)" 2>&1 | tail -1; } > "$OUT/env.txt" 2>&1
   setsid nohup bash -c "timeout 1500 python3 bench/recipe.py --config bench/gpu/code_small.json --via in-process \
-    --openings 2048 --held-out 64 --new-tokens 128 --steps 1200 --work /tmp/recipe > /tmp/recipe.jsonl 2> /tmp/recipe.log; \
+    --openings 2048 --held-out 64 --new-tokens 96 --steps 1200 --work /tmp/recipe > /tmp/recipe.jsonl 2> /tmp/recipe.log; \
     echo done > /tmp/recipe.done" > /dev/null 2>&1 &
   timeout 420 python3 -m trainer train --preset qwen3_8b --fp8 drafter --steps 8 --out /tmp/q8 > "$OUT/qwen3_8b.log" 2>&1
   echo "exit $?" >> "$OUT/qwen3_8b.log"
