@@ -27,6 +27,7 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT))
 
+from trainer.common.notices import filter_known_notices  # noqa: E402
 from trainer.data import corpus  # noqa: E402
 
 
@@ -44,23 +45,26 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def in_process(target_dir: Path, prompts: list[str], new_tokens: int) -> list[dict]:
-    """The target's greedy continuation of each prompt, decoded: what a server at temperature 0 answers."""
+def in_process(target_dir: Path, prompts: list[str], new_tokens: int, batch: int = 64) -> list[dict]:
+    """The target's greedy continuation of each prompt, decoded: what a server at temperature 0 answers. Prompts of
+    every length decode together, left-padded (the trainer's own decoder batches equal lengths only)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.eval.walk import greedy_continuations
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir, padding_side="left")
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16 if device == "cuda" else None)
     target = target.to(device).eval()
-    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-    rows = [None] * len(prompts)
+    rows = []
     with torch.no_grad():
-        for index, greedy, _ in greedy_continuations(target, ids, new_tokens):
-            completion = tokenizer.decode(greedy, skip_special_tokens=True)
-            rows[index] = {"prompt": prompts[index], "completion": completion, "text": prompts[index] + completion}
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start:start + batch]
+            encoded = tokenizer(chunk, add_special_tokens=False, return_tensors="pt", padding=True).to(device)
+            out = target.generate(**encoded, max_new_tokens=new_tokens, do_sample=False,
+                                  pad_token_id=tokenizer.pad_token_id)
+            for prompt, ids in zip(chunk, out[:, encoded["input_ids"].shape[1]:].tolist()):
+                completion = tokenizer.decode(ids, skip_special_tokens=True)
+                rows.append({"prompt": prompt, "completion": completion, "text": prompt + completion})
     return rows
 
 
@@ -92,6 +96,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/envkit-recipe", help="working dir (runs, prompts, data)")
     parser.add_argument("--extra", default="", help="more trainer flags for both runs, e.g. --no-compile")
     args = parser.parse_args()
+    filter_known_notices()
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@
 #                 session (it outlives the call), then a qwen3_8b run (--fp8 drafter: torchao imported) whose log
 #                 is searched for warnings and for uncompiled flex_attention.
 #   PART=collect: waits for the recipe and copies its figures to $OUT.
+#   PART=recipe:  the comparison alone, smaller (1,024 openings, 800 steps), in the foreground.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
@@ -26,6 +27,10 @@ if [ "$PART" = start ]; then
   echo "warning lines: $(wc -l < "$OUT/qwen3_8b_warnings.txt")"; head -20 "$OUT/qwen3_8b_warnings.txt"
   grep -E "^walk|^eval|^done|^run:" "$OUT/qwen3_8b.log"
   tail -3 /tmp/recipe.jsonl 2>/dev/null; tail -3 /tmp/recipe.log
+elif [ "$PART" = recipe ]; then  # the comparison alone, in the foreground
+  timeout 540 python3 bench/recipe.py --config bench/gpu/code_small.json --via in-process --openings 1024 \
+    --held-out 32 --new-tokens 64 --steps 800 --work /tmp/recipe > "$OUT/recipe.jsonl" 2> "$OUT/recipe.log"
+  echo "exit $?"; cat "$OUT/recipe.jsonl"; tail -5 "$OUT/recipe.log"
 else
   for _ in $(seq 1 110); do [ -f /tmp/recipe.done ] && break; sleep 5; done
   cp /tmp/recipe.jsonl /tmp/recipe.log "$OUT/" 2>/dev/null

@@ -10,6 +10,9 @@ import warnings
 # torchao, at import, when its C++ extensions were built for another torch: its float8 training is Python and
 # Triton and does not use them. torchao logs it on its own logger, or with logging.warning() in some versions.
 TORCHAO_CPP_NOTICE = "Skipping import of cpp extensions"
+# torchao's own sources, compiled at first import where an install wrote no bytecode: an escape in a docstring
+# (quant_api.py: "invalid escape sequence '\\.'") is torchao's to fix and changes nothing at run time.
+TORCHAO_SOURCE = r".*[/\\]torchao[/\\].*"
 
 
 class _DropStartingWith(logging.Filter):
@@ -27,3 +30,4 @@ def filter_known_notices() -> None:
         if not any(isinstance(f, _DropStartingWith) for f in logger.filters):
             logger.addFilter(_DropStartingWith(TORCHAO_CPP_NOTICE))
     warnings.filterwarnings("ignore", message=TORCHAO_CPP_NOTICE)
+    warnings.filterwarnings("ignore", category=SyntaxWarning, module=TORCHAO_SOURCE)
