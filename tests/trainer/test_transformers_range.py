@@ -1,8 +1,8 @@
-"""The trainer across the transformers it supports: the demo's run on the newest (the `cpu-newest` profile), its
-walk, its export loaded by the reference `dflash`, and a log with no warning in it (docs/trainer.md, "transformers").
+"""The trainer across the transformers it supports: a tiny run on the newest (the `cpu-newest` profile), its walk,
+its export loaded by the reference `dflash`, and logs with no warning in them (docs/trainer.md, "transformers").
 
 The tiny preset's compiled region is the trainer's own drafter, so the shared warm cache serves this venv too (the
-env key holds torch, not transformers) and the run costs what the demo's does, less the cold compile.
+env key holds torch, not transformers).
 """
 
 from __future__ import annotations
@@ -34,24 +34,26 @@ def test_the_demo_run_prints_no_warning(tiny_run):
     assert warnings_in(stdout) == []
 
 
-def test_the_newest_transformers_trains_walks_and_exports_as_the_locked_one(tiny_run, warm_cache_root, tmp_path):
-    """The same run, the same figures: the demo's on transformers 5.6.0 (the cpu lock) and here on the newest
-    (5.25.0 today), whose cache API and forward argument differ (trainer/data/decode_cache.py)."""
-    locked = json.loads((tiny_run[0] / "run.json").read_text())["summary"]
+def test_the_newest_transformers_trains_walks_and_exports(warm_cache_root, tmp_path):
+    """The tiny preset's shapes (the shared warm cache hits) with less data and a short walk on the newest
+    transformers (5.25.0 today), whose cache API and forward argument differ from the lock's 5.6.0
+    (trainer/data/decode_cache.py): it trains, walks losslessly through the KV cache, exports, and the reference
+    `dflash` loads the export. The same figures on every version: bench/transformers_range.py."""
     shutil.copytree(warm_cache_root, tmp_path / "cache", symlinks=True)
     env = dict(os.environ, ENVKIT_CACHE_DIR=str(tmp_path / "cache"), ENVKIT_RUNS_DIR=str(tmp_path / "runs"),
                ENVKIT_HOME=str(tmp_path / "home"))
-    proc = run_envkit("train", "--profile", "cpu-newest", "--preset", "tiny", "--name", "newest", env=env,
+    config = tmp_path / "short.json"
+    config.write_text(json.dumps({"preset": "tiny", "steps": 200, "walk_prompts": 4, "walk_new_tokens": 32,
+                                  "data": {"num_sequences": 128, "eval_sequences": 8}}))
+    proc = run_envkit("train", "--profile", "cpu-newest", "--config", str(config), "--name", "newest", env=env,
                       timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "newest"
     record = json.loads((run_dir / "run.json").read_text())
     assert record["versions"]["transformers"] == "5.25.0" and record["profile"] == "cpu-newest"
     summary = record["summary"]
-    assert summary["walk_near_ties"] == 0 and summary["beats_baselines"], summary
-    # Equal within run-to-run noise: the walk's figures read the same tokens on both versions.
-    for key in ("walk_tau", "walk_copy_tau", "walk_repeat_tau", "tau_end"):
-        assert summary[key] == pytest.approx(locked[key], abs=0.15), (key, summary[key], locked[key])
+    assert summary["walk_prompts"] == 4 and summary["walk_near_ties"] == 0 and summary["walk_tau"] >= 1.0, summary
+    assert summary["fxgraph_cache_miss"] == 0, summary  # the env key holds torch, not transformers: the cache hits
     assert warnings_in((run_dir / "train.log").read_text()) == []
 
     out = tmp_path / "served"
