@@ -380,3 +380,16 @@ def test_one_enormous_line_is_cut_into_bounded_chunks_or_refused(tmp_path, home,
     jsonl.write_text(json.dumps({"input_ids": list(range(1, 500)) * 200, "loss_mask": [1] * 99_800}) + "\n")
     with pytest.raises(TrainerInputError, match="longer than"):
         store.prepare(jsonl, vocab_size=512, workers=1)
+
+
+def test_prepare_names_the_vocabulary_it_checks_against(tmp_path, home):
+    """Ids of a real tokenizer checked against the default preset's 512 tokens: the error names that vocabulary
+    and how to choose the right one, and does not offer --skip-bad for a file that is not at fault."""
+    rows = tmp_path / "qwen_rows.jsonl"
+    rows.write_text(json.dumps({"input_ids": [151643, 49482, 11], "loss_mask": [0, 1, 1]}) + "\n")
+    error = one_line_error(subprocess.run([sys.executable, "-m", "trainer", "prepare", "--data", str(rows)],
+                                          capture_output=True, text=True, cwd=PROJECT, timeout=120))
+    assert "tiny preset's 512-token vocabulary, the default" in error and f"{rows}:1" in error
+    assert "--preset" in error and "--target" in error and "--tokenizer" in error and "--skip-bad" not in error
+    explicit = one_line_error(prepare_cli("--data", str(rows)))  # --preset tiny given: the vocabulary is chosen
+    assert "tiny preset's 512-token vocabulary (0..511)" in explicit and "the default" not in explicit
