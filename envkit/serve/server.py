@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from envkit import state
+from envkit import state, venvrecord
 from envkit.errors import RunError
 from envkit.run.preflight import new_run_dir, preflight_doctor, preflight_venv, versions
 from envkit.run.rundir import LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now, read_run, update_run
@@ -28,8 +28,6 @@ from envkit.serve.engines import pick
 from envkit.support.fsops import write_json_atomic
 from envkit.support.progress import Phases
 from envkit.support.text import printable
-from envkit import venvrecord
-from envkit.venv import Venv
 from trainer.common.errors import TrainerInputError
 from trainer.data.source_digest import source_sha256
 
