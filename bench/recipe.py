@@ -95,6 +95,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18321)
     parser.add_argument("--work", default="/tmp/envkit-recipe", help="working dir (runs, prompts, data)")
     parser.add_argument("--extra", default="", help="more trainer flags for both runs, e.g. --no-compile")
+    parser.add_argument("--reuse", action="store_true", help="keep WORK/regenerated.jsonl from an earlier run")
     args = parser.parse_args()
     filter_known_notices()
 
@@ -112,7 +113,9 @@ def main() -> None:
                               [{"prompt": p} for p in corpus.function_openings(True, args.held_out, seed=0)])
     regenerated = work / "regenerated.jsonl"
     started = time.perf_counter()
-    if args.via == "in-process":
+    if args.reuse and regenerated.exists():
+        figures["regenerate_s"] = "reused"
+    elif args.via == "in-process":
         write_rows(regenerated, in_process(target_dir, train_openings, args.new_tokens))
         figures["regenerate_s"] = round(time.perf_counter() - started, 1)
     else:
