@@ -450,8 +450,8 @@ class Trainer:
                  f"copy {row['walk_copy_tau']:.2f}) over {row['walk_counted']} prompts x {row['walk_new_tokens']} "
                  f"tokens, lossless ({row['walk_near_ties']} near-ties)")
         if row["walk_degenerate"]:
-            left = (f"left out of these figures" if row["walk_counted"] < row["walk_prompts"] else
-                    f"every prompt: the figures are over them all and measure the loop, not the drafter")
+            left = ("left out of these figures" if row["walk_counted"] < row["walk_prompts"] else
+                    "every prompt: the figures are over them all and measure the loop, not the drafter")
             self.log(f"walk: the target continued {row['walk_degenerate']} of {row['walk_prompts']} prompts "
                      f"degenerately (one token over half of the continuation): {left}")
 
