@@ -19,9 +19,10 @@ def trainer_command(venv: Venv, *args: str) -> list[str]:
     return [str(venv.python), "-m", "trainer", *args]
 
 
-def trainer_env(venv: Venv, cache_dir: Path | None) -> dict[str, str]:
-    """The environment the trainer runs with: the bundled trainer importable, the private cache (envkit/cache/cacheenv.py)."""
-    environ = without_engine_variables(os.environ)  # envkit/run/isolation.py
+def trainer_env(venv: Venv, cache_dir: Path | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the trainer runs with, from the user's (`environ`, default ours): the bundled trainer
+    importable, the private cache (envkit/cache/cacheenv.py)."""
+    environ = without_engine_variables(os.environ if environ is None else environ)  # envkit/run/isolation.py
     env = cacheenv.apply(environ, cache_dir) if cache_dir is not None else environ
     env["PYTHONPATH"] = str(paths.trainer_root())
     env["PYTHONUNBUFFERED"] = "1"

@@ -78,6 +78,16 @@ def role_of(venv: Venv, profile: profiles.Profile | None = None) -> Role:
     return Role("train", None, None, False)
 
 
+def role_for(venv: Venv, profile_name: str | None = None, lock_path: str | None = None) -> Role:
+    """The one derivation of a venv's role that every command uses (doctor, run, train, serve, warm-cache, prepare):
+    envkit's record of creating it, else the role of the lock doctor checks it against (lock_for), else train."""
+    try:
+        profile = lock_for(venv, profile_name, lock_path).profile
+    except ProfileError:
+        profile = None
+    return role_of(venv, profile)
+
+
 @dataclass(frozen=True)
 class LockChoice:
     profile: profiles.Profile | None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,15 @@ import zipfile
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent  # tests/helpers.py -> the project
+
+
+def record_figure(name: str, **values) -> None:
+    """A learned figure as a test measured it, appended to $ENVKIT_TEST_FIGURES when that is set: the runs of
+    bench/learned_figures.py collect the spread that each assertion's margin is chosen from (tests/README.md)."""
+    path = os.environ.get("ENVKIT_TEST_FIGURES")
+    if path:
+        with open(path, "a") as handle:
+            handle.write(json.dumps({"figure": name, **values}) + "\n")
 
 
 def run_envkit(*args: str, env: dict | None = None, check: bool = False, timeout: float = 600,

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from envkit.cli.app import as_dict, main, print_json
-from envkit.cli.options import (check_preset_choice, config_option, preset_option, profile_option, venv_from_options,
-                                venv_option)
+from envkit.cli.options import (check_preset_choice, config_option, preset_option, profile_option,
+                                training_venv_from_options, venv_option)
 from envkit.support.text import printable
 
 
@@ -33,7 +33,7 @@ def warm_cache_command(venv_path, profile_name, preset, config_path, only_verify
     from envkit.cache import warmup
 
     check_preset_choice(preset, config_path)
-    venv = venv_from_options(venv_path, profile_name)
+    venv = training_venv_from_options(venv_path, profile_name, "warm-cache")
     if only_verify:
         result = warmup.verify(venv, preset, config_path)
         if as_json:
@@ -86,7 +86,7 @@ def cache_export_command(file, venv_path, profile_name, preset, config_path, as_
     from envkit.cache import port as cacheport
 
     check_preset_choice(preset, config_path)
-    result = cacheport.export(venv_from_options(venv_path, profile_name), Path(file), preset, config_path, quiet=as_json)
+    result = cacheport.export(training_venv_from_options(venv_path, profile_name, "cache export"), Path(file), preset, config_path, quiet=as_json)
     if as_json:
         return print_json(result)
     click.echo(f"exported {result['file']} ({result['bytes'] / 1e6:.1f} MB, {result['artifacts']} artifacts, "
@@ -111,7 +111,7 @@ def cache_import_command(file, venv_path, profile_name, pinned, as_json):
     """
     from envkit.cache import port as cacheport
 
-    result = cacheport.import_(venv_from_options(venv_path, profile_name), Path(file), sha256=pinned)
+    result = cacheport.import_(training_venv_from_options(venv_path, profile_name, "cache import"), Path(file), sha256=pinned)
     print_json(result) if as_json else click.echo(f"imported into {result['cache_dir']} ({result['artifacts']} "
                                                    f"artifacts, {result['files']} files, {result['seconds']:.1f}s)")
 

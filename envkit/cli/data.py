@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from envkit.cli.app import as_dict, main, print_json
-from envkit.cli.options import check_preset_choice, profile_option, venv_from_options, venv_option
+from envkit.cli.options import check_preset_choice, profile_option, training_venv_from_options, venv_option
 from envkit.support.text import printable
 
 
@@ -42,7 +42,7 @@ def data_prepare_command(data_path, venv_path, profile_name, preset, config_path
     from envkit.dataprep import prepare
 
     check_preset_choice(preset, config_path)
-    venv = venv_from_options(venv_path, profile_name)
+    venv = training_venv_from_options(venv_path, profile_name, "data prepare")
     args = ["--data", str(Path(data_path).absolute()),
             *(["--config", str(Path(config_path).absolute())] if config_path else ["--preset", preset] if preset else []),
             *(["--tokenizer", tokenizer] if tokenizer else []),
@@ -59,55 +59,81 @@ def data_prepare_command(data_path, venv_path, profile_name, preset, config_path
 
 @data_group.command("regenerate")
 @click.option("--server", "servers", required=True, metavar="URL[,URL...]",
-              help="OpenAI-compatible servers (envkit serve, SGLang, vLLM, transformers serve); rows go round-robin.")
+              help="OpenAI-compatible servers (envkit serve, SGLang, vLLM, transformers serve) of one model; each "
+                   "takes the next row when it has room.")
 @click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False, exists=True), metavar="PROMPTS",
               help="JSONL prompt rows: `conversations` (chat) or `prompt`/`text` (completions).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), metavar="OUT.jsonl",
-              help="The training data written (whole rows, the input's order); OUT.jsonl.manifest.json beside it.")
+              help="The training rows (the input's order); OUT.jsonl.errors.jsonl and OUT.jsonl.manifest.json beside it.")
 @click.option("--model", metavar="ID", help="The model id the servers list (default: the one they all serve).")
+@click.option("--turns", type=click.Choice(["all", "last"]), default="all", show_default=True,
+              help="Conversations: answer every assistant turn in order, each given the answers before it (all), or "
+                   "only the last one (last).")
 @click.option("--concurrency", type=click.IntRange(1, 1024), default=8, show_default=True,
-              help="Requests in flight over all servers.")
+              help="Requests in flight per server.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--temperature", type=float, default=0.0, show_default=True,
               help="0: greedy, the target's own answer (reproducible, resumable byte for byte).")
 @click.option("--chat-template-kwargs", metavar="JSON", help='Sent with chat rows, e.g. \'{"enable_thinking": false}\'.')
-@click.option("--resume", is_flag=True, help="Continue OUT after its last whole row (same prompts, model, settings).")
+@click.option("--max-failures", metavar="N|P%",
+              help="Stop once more than N rows (or P% of the prompt rows) were set aside (default: never).")
+@click.option("--resume", is_flag=True, help="Continue OUT after its last checkpoint (same prompts, model, settings).")
+@click.option("--retry-failed", is_flag=True,
+              help="Ask again only for the rows in OUT.errors.jsonl of a complete run, and merge them into OUT.")
 @click.option("--retries", type=click.IntRange(min=0), default=5, show_default=True,
               help="Retries of a request on 429, 5xx or a dropped connection (exponential backoff).")
-@click.option("--connect-timeout", type=click.FloatRange(min=0), default=60, show_default=True, metavar="S",
-              help="How long to wait for each server's /v1/models to answer at the start.")
+@click.option("--connect-timeout", type=click.FloatRange(min=0, max=86400), default=60, show_default=True, metavar="S",
+              help="How long, in all, to wait for each server's /v1/models to answer at the start.")
+@click.option("--request-timeout", type=click.FloatRange(min=1, max=86400), default=600, show_default=True, metavar="S",
+              help="How long one request may take in all, however slowly its reply comes.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def data_regenerate_command(servers, data_path, out_path, model, concurrency, max_tokens, temperature,
-                            chat_template_kwargs, resume, retries, connect_timeout, as_json):
+def data_regenerate_command(servers, data_path, out_path, model, turns, concurrency, max_tokens, temperature,
+                            chat_template_kwargs, max_failures, resume, retry_failed, retries, connect_timeout,
+                            request_timeout, as_json):
     """Regenerate training answers with the target itself through its server(s), e.g.
     `envkit data regenerate --server http://127.0.0.1:8000 --data prompts.jsonl --out regen.jsonl`.
 
     \b
-    `conversations` rows: the last assistant turn is replaced by the server's (added after a final user turn).
-    `prompt`/`text` rows: the server's continuation is written as `completion`, and `text` = prompt + completion
-    (the trainer supervises the completion only).
-    A kill leaves only whole rows; --resume continues where it stopped and gives the same file as an uninterrupted
-    run. Then: `envkit train ... -- --data OUT.jsonl`.
+    `conversations` rows: every assistant turn answered anew in order (--turns all), an answer added after a
+    final user turn; system and tool turns pass through.
+    `prompt`/`text` rows: the server's continuation is written as `completion` (the only supervised part).
+    A row a server refuses or cannot answer goes to OUT.errors.jsonl (line, reason, server) and the run goes on.
+    A kill leaves whole rows; --resume continues from the last checkpoint and gives the files an uninterrupted
+    run gives. Then: `envkit train ... -- --data OUT.jsonl`.
     """
     from envkit.regen.job import RegenRequest, regenerate
 
-    kwargs = None
-    if chat_template_kwargs:
-        try:
-            kwargs = json.loads(chat_template_kwargs)
-        except ValueError as exc:
-            raise click.BadParameter(f"not JSON ({exc})", param_hint="--chat-template-kwargs") from None
-        if not isinstance(kwargs, dict):
-            raise click.BadParameter("must be a JSON object", param_hint="--chat-template-kwargs")
     urls = tuple(url for url in servers.split(",") if url.strip())
     if not urls:
         raise click.BadParameter("give at least one URL", param_hint="--server")
-    request = RegenRequest(urls, Path(data_path), Path(out_path), model, concurrency, max_tokens, temperature, kwargs,
-                           resume, retries, connect_timeout_s=connect_timeout)
+    if resume and retry_failed:
+        raise click.BadParameter("give --resume or --retry-failed, not both", param_hint="--retry-failed")
+    request = RegenRequest(urls, Path(data_path), Path(out_path), model, concurrency, max_tokens, temperature,
+                           _template_kwargs(chat_template_kwargs), resume, retries,
+                           connect_timeout_s=connect_timeout, request_timeout_s=request_timeout, turns=turns,
+                           max_failures=max_failures, retry_failed=retry_failed)
     result = regenerate(request)
     if as_json:
         return print_json(as_dict(result))
-    resumed = f", resumed after {result.resumed_from}" if result.resumed_from else ""
+    resumed = f", resumed after line {result.resumed_from:,}" if result.resumed_from else ""
+    failed = f"; {result.failed:,} set aside in {result.errors}" if result.failed else ""
     click.echo(printable(f"{result.out}: {result.rows:,} rows from {result.model}{resumed} ({result.written_now:,} "
-                         f"now, {result.rows_per_s:.2f} rows/s, {result.tokens_per_s:,.0f} generated tok/s); "
+                         f"now, {result.rows_per_s:,.2f} rows/s, {result.tokens_per_s:,.0f} generated tok/s){failed}; "
                          f"manifest {result.manifest}"))
+
+
+def _template_kwargs(text: str | None) -> dict | None:
+    """--chat-template-kwargs: a JSON object of finite values (NaN and Infinity are not JSON a server reads)."""
+    if not text:
+        return None
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not a JSON value")
+
+    try:
+        kwargs = json.loads(text, parse_constant=refuse)
+    except (ValueError, RecursionError) as exc:
+        raise click.BadParameter(f"not JSON ({printable(exc)})", param_hint="--chat-template-kwargs") from None
+    if not isinstance(kwargs, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--chat-template-kwargs")
+    return kwargs

@@ -7,8 +7,8 @@ import sys
 import click
 
 from envkit.cli.app import main, print_json
-from envkit.cli.options import (check_profile_choice, lock_option, profile_option, venv_from_options, venv_option,
-                                with_sources)
+from envkit.cli.options import (check_profile_choice, lock_option, profile_option, training_venv_from_options,
+                                venv_option, with_sources)
 
 
 @main.command("doctor")
@@ -71,7 +71,7 @@ def selftest_command(venv_path, profile_name, as_json):
     from envkit.cache import warmup
     from envkit.selftest import render
 
-    venv = venv_from_options(venv_path, profile_name)
+    venv = training_venv_from_options(venv_path, profile_name, "selftest")
     record = warmup.run_selftests(venv)
     if as_json:
         print_json(record)

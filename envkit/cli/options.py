@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-
+from envkit.errors import EnvkitError
 
 profile_option = click.option("--profile", "profile_name", metavar="NAME",
                               help="Lock profile from lockfiles/ (default: cpu).")
@@ -65,6 +65,26 @@ def venv_from_options(venv_path, profile_name):
     from envkit.venv import resolve_venv
 
     return resolve_venv(venv_path, profile_name)  # a VenvError: `Error: ...`, exit 1
+
+
+def training_venv_from_options(venv_path, profile_name, what: str):
+    """The venv of a command that runs the bundled trainer in it (`what` does so): a serve venv is refused in one
+    line, by the role every command derives the same way (venvrecord.role_for)."""
+    from envkit.run.preflight import require_role
+
+    venv = venv_from_options(venv_path, profile_name)
+    if venv.path.exists():
+        try:
+            require_role(venv, None if not profile_name else _profile(profile_name), "train")
+        except EnvkitError as exc:
+            raise EnvkitError(f"{exc} ({what} runs the bundled trainer, which belongs in a training venv)") from None
+    return venv
+
+
+def _profile(name):
+    from envkit.lock import profile as profiles
+
+    return profiles.load(name)
 
 
 def check_profile_choice(profile_name, lock_path) -> None:

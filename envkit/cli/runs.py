@@ -109,11 +109,13 @@ def run_command(venv_path, profile_name, name, runs_dir, detach, allow_warn, cod
 
 @main.command("supervise", hidden=True)
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
-def supervise_command(run_dir):
+@click.option("--environ-fifo", type=click.Path(dir_okay=False), help="Where the launcher hands over its environment.")
+def supervise_command(run_dir, environ_fifo):
     """Internal: run a prepared run directory (what --detach starts)."""
-    from envkit.run.launch import supervise
+    from envkit.run.supervise import receive_environment, supervise
 
-    supervise(Path(run_dir), echo=True)
+    environ = receive_environment(Path(environ_fifo)) if environ_fifo else None
+    supervise(Path(run_dir), echo=True, environ=environ)
 
 
 @main.command("runs")

@@ -45,7 +45,7 @@ def load_context(venv_path=None, profile_name=None, lock_path=None, *, deep=Fals
     choice = venvrecord.lock_for(venv, profile_name, lock_path)
     return Context(venv, choice.profile, dict(os.environ if environ is None else environ),
                    deep=deep, fetch=fetch, find_links=tuple(find_links), lock_refused=choice.refused,
-                   role=venvrecord.role_of(venv, choice.profile).name)
+                   role=venvrecord.role_of(venv, choice.profile).name)  # = venvrecord.role_for
 
 
 def diagnose(ctx: Context) -> Report:

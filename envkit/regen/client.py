@@ -1,29 +1,35 @@
-"""OpenAI's HTTP API as every serving engine speaks it (SGLang, vLLM, `transformers serve`): the model list, chat
-completions and completions, with retries where a retry can help.
+"""OpenAI's HTTP API as every serving engine speaks it (SGLang, vLLM, `transformers serve`): the model list, what
+the engine says it is, chat completions and completions, with retries where a retry can help.
 
-A reply is data: only the fields read here are used, each checked for its type; nothing in it is followed.
+A reply is data: parsed with bounded depth, only the fields read here are used, each checked for its type, and
+what it claims (its length) against what was asked; nothing in it is followed.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from dataclasses import dataclass
 
-import httpx
-
 from envkit.errors import EnvkitError
+from envkit.regen.http import Connection, Endpoint, HttpError
 from envkit.support.text import printable
+from trainer.common.files import loads_json
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
-RETRY_ERRORS = (httpx.TransportError,)  # connection refused or reset, timeouts, a dropped connection
+INFO_LIMIT = 1 << 20  # /v1/models, /version: kilobytes
+REPLY_LIMIT = 32 << 20  # a completion with its usage: kilobytes, or megabytes with logprobs
+PROBE_S = 5.0  # one try of /v1/models or /version
 
 
 class ServerError(EnvkitError):
-    """A server that does not answer, or answers with something other than what was asked."""
+    """A server that does not answer (refused, reset, silent past its deadline): the server's fault, not a row's."""
 
 
-class RowRefused(EnvkitError):
-    """The server answered this row with an error a retry will not change (a 4xx other than 429)."""
+class RowFailed(EnvkitError):
+    """This row got no usable answer (a 4xx, a reply that is not a completion, a 5xx after the retries):
+    the row is set aside, the server goes on."""
 
 
 @dataclass(frozen=True)
@@ -33,74 +39,116 @@ class Reply:
     finish_reason: str | None
 
 
-def _short(text: str, limit: int = 200) -> str:
-    return printable(text.strip().replace("\n", " ")[:limit])
+def short(text: object, limit: int = 200) -> str:
+    return printable(str(text).strip().replace("\n", " ")[:limit])
 
 
-def list_models(client: httpx.Client, url: str) -> list[str]:
-    reply = client.get(f"{url}/v1/models")
-    reply.raise_for_status()
-    data = reply.json().get("data")
-    if not isinstance(data, list):
-        raise ValueError("no `data` list")
-    return [str(entry["id"]) for entry in data if isinstance(entry, dict) and "id" in entry]
+class Server:
+    """One engine's API; each thread talks to it over a keep-alive connection of its own."""
 
+    def __init__(self, endpoint: Endpoint, connect_timeout: float = 10.0):
+        self.endpoint = endpoint
+        self.connect_timeout = connect_timeout
+        self._local = threading.local()
 
-def wait_for_models(client: httpx.Client, url: str, timeout: float) -> list[str]:
-    """The models a server lists, waiting up to `timeout` for it to answer at all."""
-    deadline = time.monotonic() + timeout
-    while True:
+    @property
+    def url(self) -> str:
+        return self.endpoint.shown
+
+    def _connection(self) -> Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._local.connection = Connection(self.endpoint, self.connect_timeout)
+        return connection
+
+    def call(self, method: str, path: str, payload: dict | None, *, deadline: float, limit: int):
+        """(status, parsed JSON body or None when it is not JSON, raw body)."""
+        body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode() if payload is not None else None
+        response = self._connection().request(method, path, body, deadline=deadline, limit=limit)
         try:
-            return list_models(client, url)
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            parsed = loads_json(response.body)
+        except ValueError:  # not JSON, not UTF-8, nested past the parser's depth
+            parsed = None
+        return response.status, parsed, response.body
+
+    # -- what the server is ----------------------------------------------------------------------------------
+    def models(self, timeout: float) -> list[str]:
+        """The model ids /v1/models lists, waiting up to `timeout` seconds in all for it to answer at all."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status, body, raw = self.call("GET", "/v1/models", None, limit=INFO_LIMIT,
+                                              deadline=min(deadline, time.monotonic() + PROBE_S))
+                data = body.get("data") if isinstance(body, dict) and status == 200 else None
+                if isinstance(data, list):
+                    return [entry["id"] for entry in data if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
+                problem = f"HTTP {status}: {short(raw.decode(errors='replace'))}" if status != 200 else "no `data` list"
+            except HttpError as exc:
+                problem = str(exc)
             if time.monotonic() >= deadline:
-                raise ServerError(f"no answer from {url}/v1/models within {timeout:.0f}s ({_short(str(exc)) or type(exc).__name__}); "
-                                  f"is the server up? (`envkit serve --venv SERVE_VENV --model DIR --detach`)") from None
-            time.sleep(0.5)
+                raise ServerError(f"no model list from {self.url}/v1/models within {timeout:.0f}s ({problem}); is the "
+                                  f"server up? (`envkit serve --venv SERVE_VENV --model DIR --detach`)")
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def engine(self) -> dict:
+        """What the server says it is: vLLM's /version, SGLang's /get_server_info; others say nothing (None)."""
+        for path, name in (("/version", "vllm"), ("/get_server_info", "sglang")):
+            try:
+                status, body, _ = self.call("GET", path, None, deadline=time.monotonic() + PROBE_S, limit=INFO_LIMIT)
+            except HttpError:
+                continue
+            if status == 200 and isinstance(body, dict) and isinstance(body.get("version"), str):
+                return {"engine": name, "version": printable(body["version"][:64])}
+        return {"engine": None, "version": None}  # transformers serve reports no version
+
+    # -- generation -------------------------------------------------------------------------------------------
+    def generate(self, endpoint: str, body: dict, *, max_tokens: int, retries: int, backoff_s: float,
+                 timeout_s: float) -> Reply:
+        """POST one request; 429, 5xx and a dropped connection are retried with exponential backoff. A server that
+        stays unreachable is a ServerError; a row the server will not answer (or answers with no completion) is
+        RowFailed. Each try has `timeout_s` in all, however slowly the reply comes."""
+        problem = ""
+        for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(min(backoff_s * 2 ** (attempt - 1), 10.0))
+            try:
+                status, parsed, raw = self.call("POST", f"/v1/{endpoint}", body, limit=REPLY_LIMIT,
+                                                deadline=time.monotonic() + timeout_s)
+            except HttpError as exc:
+                if exc.kind in ("deadline", "too_large", "protocol"):  # the same request would do it again
+                    raise RowFailed(f"{exc} from {self.url}") from None
+                problem = str(exc)
+                continue
+            if status == 200:
+                return _completion(parsed, raw, endpoint, max_tokens, self.url)
+            text = short(raw.decode(errors="replace"))
+            if status not in RETRY_STATUSES:
+                raise RowFailed(f"HTTP {status} from {self.url}: {text}")
+            problem = f"HTTP {status}: {text}"
+            if attempt == retries:
+                raise RowFailed(f"{self.url} answered {retries + 1} times with {problem}")
+        raise ServerError(f"{self.url} failed {retries + 1} times ({problem})")
 
 
-def engine_version(client: httpx.Client, url: str) -> dict:
-    """What the server says it is: vLLM's /version, SGLang's /get_server_info; others say nothing (None)."""
-    for path in ("/version", "/get_server_info"):
-        try:
-            reply = client.get(f"{url}{path}", timeout=5)
-            body = reply.json() if reply.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            continue
-        if isinstance(body, dict) and isinstance(body.get("version"), str):
-            return {"engine": "vllm" if path == "/version" else "sglang", "version": body["version"][:64]}
-    return {"engine": None, "version": None}  # transformers serve reports no version
-
-
-def generate(client: httpx.Client, url: str, endpoint: str, body: dict, *, retries: int, backoff_s: float) -> Reply:
-    """POST one request; 429, 5xx and dropped connections are retried with exponential backoff, other errors are
-    the row's (RowRefused), and a server gone for good is a ServerError."""
-    for attempt in range(retries + 1):
-        try:
-            reply = client.post(f"{url}/v1/{endpoint}", json=body)
-        except RETRY_ERRORS as exc:
-            problem = f"{type(exc).__name__}: {_short(str(exc))}"
-        else:
-            if reply.status_code == 200:
-                return _parse(reply, endpoint, url)
-            if reply.status_code not in RETRY_STATUSES:
-                raise RowRefused(f"{reply.status_code} from {url}: {_short(reply.text)}")
-            problem = f"{reply.status_code}: {_short(reply.text)}"
-        if attempt < retries:
-            time.sleep(min(backoff_s * 2 ** attempt, 10.0))
-    raise ServerError(f"{url} failed {retries + 1} times ({problem})")
-
-
-def _parse(reply: httpx.Response, endpoint: str, url: str) -> Reply:
+def _completion(body, raw: bytes, endpoint: str, max_tokens: int, url: str) -> Reply:
+    """A 200 reply's text, checked: a string of UTF-8 text, no longer than was asked for where the server counts."""
     try:
-        body = reply.json()
         choice = body["choices"][0]
         text = choice["message"]["content"] if endpoint == "chat/completions" else choice["text"]
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise ServerError(f"{url} answered /v1/{endpoint} with no choices[0] text: {_short(reply.text)}") from None
+    except (KeyError, IndexError, TypeError):
+        raise RowFailed(f"{url} answered /v1/{endpoint} with no choices[0] text: "
+                        f"{short(raw.decode(errors='replace'))}") from None
     if not isinstance(text, str):
-        raise ServerError(f"{url} answered /v1/{endpoint} with a {type(text).__name__} where text belongs")
+        raise RowFailed(f"{url} answered /v1/{endpoint} with a {type(text).__name__} where text belongs")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RowFailed(f"{url} answered with a lone surrogate in the text (not UTF-8 text)") from None
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     tokens = usage.get("completion_tokens")
-    finish = choice.get("finish_reason")
-    return Reply(text, tokens if isinstance(tokens, int) else None, finish if isinstance(finish, str) else None)
+    tokens = tokens if type(tokens) is int and tokens >= 0 else None
+    if tokens is not None and tokens > max_tokens:
+        raise RowFailed(f"{url} reports {tokens} generated tokens for max_tokens {max_tokens}: it did not generate "
+                        f"with the settings asked for")
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    return Reply(text, tokens, printable(finish[:32]) if isinstance(finish, str) else None)

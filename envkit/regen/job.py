@@ -1,40 +1,36 @@
 """`envkit data regenerate`: every prompt row answered by the target through serving engines, written as training data.
 
-Rows go round-robin over the servers, at most `concurrency` in flight; the output keeps the input's order and is
-appended whole rows at a time, so a kill leaves only whole lines (a torn last line is cut on resume) and
-`--resume` continues after the last one, giving the file an uninterrupted run gives. The manifest beside the output
-(OUT.manifest.json) says what produced it: the prompt file's sha256, the model and engine as the servers report
-them, the sampling settings, counts, and each failed row with its reason; a token store prepared from OUT records it.
+Each server has its own workers (`concurrency` each) that take the next row when they have room, so a slow server
+answers fewer rows and a dead one none (the run says which died, and its rows go to the others). One writer keeps
+the input's order: OUT holds the answered rows, OUT.errors.jsonl the rows a server refused or could not answer
+(the run goes on; `--max-failures` bounds how many). Memory holds a window of rows in flight, whatever the file's
+size. The ledger (ledger.py) checkpoints both files and the manifest, so a kill at any point resumes to the bytes of
+an uninterrupted run; the manifest vouches only for what was observed: the prompt bytes answered (hashed as they
+were read), every server's engine, the lengths and finish reasons the replies showed.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import math
+import queue
 import sys
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
-
-import httpx
 
 from envkit import __version__
-from envkit.errors import EnvkitError
 from envkit.regen import client as api
-from envkit.regen.rows import BadRow, Request, answered, request_for
-from envkit.support.fsops import write_json_atomic
+from envkit.regen.http import parse_endpoint
+from envkit.regen.ledger import Ledger, RegenError, errors_path, manifest_path
+from envkit.regen.prompts import PromptFile
+from envkit.regen.rows import TURNS, BadRow, Plan, chat_history, plan_for, training_row
 from envkit.support.text import printable
-from trainer.common.files import file_sha256, loads_json, read_json_file
+from trainer.common.files import loads_json
 
-MANIFEST_SUFFIX = ".manifest.json"
-MANIFEST_FORMAT = 1
-ROW_LIMIT = 64 << 20  # a prompt row is parsed whole
-
-
-class RegenError(EnvkitError):
-    """Regeneration stopped: a bad row, a refused row, a server gone; the rows written before it are kept."""
+PROGRESS_EVERY_S = 2.0
+QUIET_PROGRESS_S = 30.0  # nothing settled: say so less often (a long answer is not news)
 
 
 @dataclass(frozen=True)
@@ -43,7 +39,7 @@ class RegenRequest:
     prompts: Path
     out: Path
     model: str | None = None
-    concurrency: int = 8
+    concurrency: int = 8  # per server
     max_tokens: int = 512
     temperature: float = 0.0
     chat_template_kwargs: dict | None = None
@@ -52,60 +48,80 @@ class RegenRequest:
     backoff_s: float = 0.5
     connect_timeout_s: float = 60.0
     request_timeout_s: float = 600.0
+    turns: str = "all"
+    max_failures: str | None = None  # "N" rows or "P%" of the prompt rows; None: no bound
+    retry_failed: bool = False
 
 
 @dataclass
 class RegenResult:
     out: str
     manifest: str
+    errors: str
     model: str
-    rows: int  # rows in the output (this run's and a resumed run's before it)
+    rows: int  # rows in OUT (this run's and the runs' before it)
+    failed: int  # rows in the errors file
     written_now: int
-    resumed_from: int
+    failed_now: int
+    resumed_from: int  # prompt lines settled before this run
     generated_tokens: int
     seconds: float
     rows_per_s: float
     tokens_per_s: float
-    failed: list = field(default_factory=list)
+    dead_servers: dict = field(default_factory=dict)
 
 
-def manifest_path(out: Path) -> Path:
-    return out.with_name(out.name + MANIFEST_SUFFIX)
+def check_request(request: RegenRequest) -> None:
+    if not math.isfinite(request.temperature) or request.temperature < 0:
+        raise RegenError(f"--temperature {request.temperature} is not a finite number >= 0")
+    if request.turns not in TURNS:
+        raise RegenError(f"--turns {printable(request.turns)!r}: give one of {', '.join(TURNS)}")
+    failure_bound(request.max_failures, 1)
+    if not request.prompts.is_file():
+        raise RegenError(f"--data {request.prompts}: not a file")
 
 
-def base_url(server: str) -> str:
-    """`http://host:port`, `http://host:port/` or `.../v1` to the server's base URL; anything else is refused."""
-    parts = urlsplit(server.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise RegenError(f"--server {printable(server)!r} is not an http(s) URL of a server (e.g. http://127.0.0.1:8000)")
-    path = parts.path.rstrip("/")
-    path = path[:-3] if path.endswith("/v1") else path
-    return f"{parts.scheme}://{parts.netloc}{path}"
+def failure_bound(text: str | None, rows: int) -> int | None:
+    """--max-failures as a count of rows: "N", or "P%" of the prompt rows; None for no bound."""
+    if text is None:
+        return None
+    value = text.strip()
+    try:
+        number = float(value[:-1]) if value.endswith("%") else int(value)
+    except ValueError:
+        number = -1
+    if not (isinstance(number, (int, float)) and math.isfinite(number) and number >= 0
+            and (not value.endswith("%") or number <= 100)):
+        raise RegenError(f"--max-failures {printable(text)!r}: give a row count (10) or a percentage (0.5%)")
+    return int(rows * number / 100) if value.endswith("%") else int(number)
 
 
-def _prompt_rows(path: Path):
-    """(line number, raw bytes) of every non-blank line; a line is read whole, up to ROW_LIMIT."""
-    with path.open("rb") as handle:
-        for number, line in enumerate(iter(lambda: handle.readline(ROW_LIMIT + 1), b""), 1):
-            if len(line) > ROW_LIMIT:
-                raise RegenError(f"{path}:{number}: a row over {ROW_LIMIT >> 20} MiB; split it")
-            if line.strip():
-                yield number, line
+def regenerate(request: RegenRequest) -> RegenResult:
+    """Answer every prompt row of `request.prompts` into `request.out` (see the module docstring)."""
+    check_request(request)
+    try:
+        endpoints = [parse_endpoint(server) for server in request.servers]
+    except ValueError as exc:
+        raise RegenError(f"--server: {exc}") from None
+    servers = [api.Server(endpoint, min(10.0, request.connect_timeout_s) or 10.0) for endpoint in endpoints]
+    with PromptFile(request.prompts) as prompts:
+        listed = {server.url: server.models(request.connect_timeout_s) for server in servers}
+        model = _choose_model(listed, request.model)
+        manifest = {"format": 2, "prompts": str(request.prompts.absolute()), "prompts_sha256": prompts.sha256,
+                    "prompts_rows": prompts.rows, "prompts_lines": prompts.lines, "model": model,
+                    "settings": {"max_tokens": request.max_tokens, "temperature": request.temperature,
+                                 "chat_template_kwargs": request.chat_template_kwargs, "turns": request.turns},
+                    "servers": [server.url for server in servers],
+                    "engines": {server.url: server.engine() for server in servers}, "envkit": __version__}
+        if request.retry_failed:
+            from envkit.regen.retry import retry_failed
 
-
-def _whole_lines(out: Path) -> int:
-    """Complete rows already in `out`; a torn last line (a kill mid-write) is cut off."""
-    with out.open("rb+") as handle:
-        data = handle.read()
-        keep = data.rfind(b"\n") + 1
-        if keep != len(data):
-            handle.truncate(keep)
-    return data[:keep].count(b"\n")
-
-
-def _settings(request: RegenRequest) -> dict:
-    return {"max_tokens": request.max_tokens, "temperature": request.temperature,
-            "chat_template_kwargs": request.chat_template_kwargs}
+            return retry_failed(request, servers, prompts, manifest)
+        ledger = Ledger(request.out, manifest, request.resume)
+        try:
+            return Run(request, servers, prompts, ledger, model).go()
+        finally:
+            ledger.close()
 
 
 def _choose_model(listed: dict[str, list[str]], wanted: str | None) -> str:
@@ -120,137 +136,244 @@ def _choose_model(listed: dict[str, list[str]], wanted: str | None) -> str:
     return common[0]
 
 
-def _resume_point(request: RegenRequest, manifest: dict) -> int:
-    out = request.out
-    if not out.exists():
-        return 0
-    if not request.resume:
-        raise RegenError(f"{out} exists; pass --resume to continue it, or remove it (and {manifest_path(out).name})")
-    try:
-        before = read_json_file(manifest_path(out))
-    except ValueError:
-        before = None
-    same = isinstance(before, dict) and all(before.get(key) == manifest[key] for key in
-                                            ("format", "prompts_sha256", "model", "settings"))
-    if not same:
-        raise RegenError(f"{out} was not made by this regeneration (its manifest names other prompts, model or "
-                         f"settings, or is missing); write to another --out, or remove it to start over")
-    return _whole_lines(out)
+@dataclass
+class Outcome:
+    """A row's end: its training line, or why it was set aside."""
+    index: int
+    line: bytes | None = None
+    failure: str | None = None
+    server: str = ""
+    tokens: list = field(default_factory=list)  # per request: generated tokens as the server counted (or None)
+    finish: list = field(default_factory=list)
 
 
-class _Progress:
-    def __init__(self, total: int, done: int, every_s: float = 2.0):
-        self.total, self.done, self.every_s = total, done, every_s
-        self.started = self.last = time.monotonic()
-        self.rows = self.tokens = 0
-
-    def add(self, tokens: int | None) -> None:
-        self.rows += 1
-        self.tokens += tokens or 0
-        now = time.monotonic()
-        if now - self.last >= self.every_s or self.done + self.rows == self.total:
-            self.last = now
-            seconds = max(now - self.started, 1e-9)
-            print(f"regenerate: {self.done + self.rows}/{self.total} rows ({self.rows / seconds:.2f} rows/s, "
-                  f"{self.tokens / seconds:.0f} generated tok/s)", file=sys.stderr, flush=True)
+@dataclass
+class Item:
+    index: int
+    number: int  # input line
+    row: dict
+    plan: Plan
 
 
-def regenerate(request: RegenRequest) -> RegenResult:
-    """Answer every prompt row of `request.prompts` into `request.out` (see the module docstring)."""
-    if not request.prompts.is_file():
-        raise RegenError(f"--data {request.prompts}: not a file")
-    servers = [base_url(server) for server in request.servers]
-    timeout = httpx.Timeout(request.request_timeout_s, connect=10.0)
-    with httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=request.concurrency + 4)) as http:
-        listed = {url: api.wait_for_models(http, url, request.connect_timeout_s) for url in servers}
-        model = _choose_model(listed, request.model)
-        manifest = {"format": MANIFEST_FORMAT, "prompts": str(request.prompts.absolute()),
-                    "prompts_sha256": file_sha256(request.prompts), "model": model, "settings": _settings(request),
-                    "servers": servers, "engine": api.engine_version(http, servers[0]), "envkit": __version__}
-        done = _resume_point(request, manifest)
-        request.out.parent.mkdir(parents=True, exist_ok=True)
-        total = sum(1 for _ in _prompt_rows(request.prompts))
-        write_json_atomic(manifest_path(request.out), manifest | {"status": "running", "rows": done, "total": total})
-        started = time.monotonic()
-        progress = _Progress(total, done)
-        failed: list[dict] = []
-        try:
-            written = _answer_rows(http, servers, model, request, done, progress, failed)
-        except (RegenError, api.ServerError) as exc:
-            rows = done + progress.rows
-            write_json_atomic(manifest_path(request.out), manifest | {"status": "stopped", "rows": rows, "total": total,
-                                                                       "failed": failed})
-            raise RegenError(f"{exc}; {rows} rows kept in {request.out} (`--resume` continues after them)") from None
-    seconds = time.monotonic() - started
-    rows = done + written
-    write_json_atomic(manifest_path(request.out), manifest | {
-        "status": "complete", "rows": rows, "total": total, "failed": failed,
-        "generated_tokens_this_run": progress.tokens, "output_sha256": file_sha256(request.out)})
-    return RegenResult(str(request.out), str(manifest_path(request.out)), model, rows, written, done, progress.tokens,
-                       round(seconds, 2), round(written / max(seconds, 1e-9), 2),
-                       round(progress.tokens / max(seconds, 1e-9), 1), failed)
+class Run:
+    """Workers per server, one writer in input order (this thread), checkpoints, progress."""
 
+    def __init__(self, request: RegenRequest, servers: list[api.Server], prompts, ledger: Ledger, model: str,
+                 only_lines: set[int] | None = None, on_settle=None):
+        self.request, self.servers, self.prompts, self.ledger, self.model = request, servers, prompts, ledger, model
+        self.only_lines, self.on_settle = only_lines, on_settle  # --retry-failed: these lines, settled through it
+        self.work: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue()
+        self.window = max(64, 4 * request.concurrency * len(servers))
+        self.dead: dict[str, str] = {}
+        self.sampling = {"model": model, "max_tokens": request.max_tokens, "temperature": request.temperature}
+        if request.chat_template_kwargs:
+            self.sampling["chat_template_kwargs"] = request.chat_template_kwargs
+        self.max_failures = failure_bound(request.max_failures, prompts.rows)
 
-def _answer_rows(http: httpx.Client, servers: list[str], model: str, request: RegenRequest, skip: int,
-                 progress: _Progress, failed: list[dict]) -> int:
-    """Ask for every row after the first `skip`, `concurrency` at a time, and append the answers in input order.
-    The first row that cannot be answered stops the run after the rows before it are written."""
-    sampling = {"model": model, "max_tokens": request.max_tokens, "temperature": request.temperature}
-    if request.chat_template_kwargs:
-        sampling["chat_template_kwargs"] = request.chat_template_kwargs
-    rows = _prompt_rows(request.prompts)
-    for _ in range(skip):
-        next(rows)
-    pending: dict[int, tuple[int, dict, Request, Future]] = {}
-    finished: dict[int, tuple[dict, int | None]] = {}
-    next_index, to_write, written, stop = skip, skip, 0, None
-    with ThreadPoolExecutor(max_workers=request.concurrency) as pool, request.out.open("ab") as out:
+    # -- workers ---------------------------------------------------------------------------------------------
+    def _worker(self, server: api.Server) -> None:
         while True:
-            while stop is None and len(pending) < request.concurrency:
-                item = next(rows, None)
-                if item is None:
+            item = self.work.get()
+            if item is None or server.url in self.dead:
+                if item is not None:
+                    self.work.put(item)  # another server's now
+                return
+            try:
+                outcome = self._answer(server, item)
+            except api.ServerError as exc:
+                self.work.put(item)
+                self.results.put(("dead", server.url, str(exc)))
+                return
+            except Exception as exc:  # a bug must stop the run with its message, never hang it
+                self.results.put(("crash", server.url, f"{type(exc).__name__}: {exc}"))
+                return
+            self.results.put(("row", outcome))
+
+    def _answer(self, server: api.Server, item: Item) -> Outcome:
+        plan, request = item.plan, self.request
+        answers, outcome = [], Outcome(item.index, server=server.url)
+        for step in range(max(1, len(plan.answer_at))):
+            if plan.endpoint == "completions":
+                payload = {"prompt": plan.prompt}
+            else:
+                payload = {"messages": chat_history(plan, answers)[:plan.answer_at[step]]}
+            try:
+                reply = server.generate(plan.endpoint, self.sampling | payload, max_tokens=request.max_tokens,
+                                        retries=request.retries, backoff_s=request.backoff_s,
+                                        timeout_s=request.request_timeout_s)
+            except api.RowFailed as exc:
+                where = f" (turn {plan.answer_at[step] + 1})" if plan.endpoint == "chat/completions" else ""
+                outcome.failure = f"{exc}{where}"
+                return outcome
+            answers.append(reply.text)
+            outcome.tokens.append(reply.tokens)
+            outcome.finish.append(reply.finish_reason)
+        outcome.line = (json.dumps(training_row(item.row, plan, answers), ensure_ascii=False) + "\n").encode()
+        return outcome
+
+    # -- the writer ------------------------------------------------------------------------------------------
+    def go(self) -> RegenResult:
+        ledger, settled = self.ledger, self.ledger.settled
+        started, resumed_from = time.monotonic(), settled.input_line
+        rows_before, failed_before = settled.rows, settled.failed
+        tokens_before = settled.observed["generated_tokens"]
+        progress = Progress(len(self.only_lines) if self.only_lines is not None else self.prompts.rows,
+                            0 if self.only_lines is not None else rows_before + failed_before)
+        if ledger.already_complete:
+            return self._result(started, resumed_from, rows_before, failed_before, tokens_before)
+        ledger.checkpoint(force=True)
+        threads = [threading.Thread(target=self._worker, args=(server,), daemon=True, name=f"regen-{i}")
+                   for i, server in enumerate(self.servers) for _ in range(self.request.concurrency)]
+        for thread in threads:
+            thread.start()
+        reader = self.prompts.rows_from(settled.input_offset, settled.input_line)
+        waiting: dict[int, tuple[Item, int]] = {}  # index -> (item, input offset after it)
+        done: dict[int, Outcome] = {}
+        next_index = to_settle = 0
+        exhausted, bad_row = False, None  # a bad row stops the run once the rows before it are settled
+        try:
+            while True:
+                while not exhausted and bad_row is None and next_index - to_settle < self.window:
+                    entry = next(reader, None)
+                    if entry is None:
+                        exhausted = True
+                        break
+                    number, raw, end_offset = entry
+                    if self.only_lines is not None and number not in self.only_lines:
+                        ledger.advance(end_offset, number)
+                        continue
+                    try:
+                        item = self._item(next_index, number, raw)
+                    except RegenError as exc:
+                        bad_row = exc
+                        break
+                    waiting[next_index] = (item, end_offset)
+                    self.work.put(item)
+                    next_index += 1
+                if (exhausted or bad_row) and to_settle == next_index:
+                    if bad_row:
+                        raise bad_row
                     break
-                number, line = item
                 try:
-                    row = loads_json(line)
-                    ask = request_for(row)
-                except (ValueError, BadRow) as exc:
-                    stop = (next_index, number, f"not a prompt row ({printable(exc)})")
-                    break
-                server = servers[next_index % len(servers)]  # round-robin by row, the same on every resume
-                future = pool.submit(api.generate, http, server, ask.endpoint, sampling | ask.payload,
-                                     retries=request.retries, backoff_s=request.backoff_s)
-                pending[next_index] = (number, row, ask, future)
-                next_index += 1
-            if not pending:
-                break
-            wait([entry[3] for entry in pending.values()], return_when=FIRST_COMPLETED)
-            for index in sorted(pending):
-                number, row, ask, future = pending[index]
-                if not future.done():
-                    continue
-                del pending[index]
-                try:
-                    reply = future.result()
-                except (api.RowRefused, api.ServerError) as exc:
-                    reason = f"the server refused the row ({exc})" if isinstance(exc, api.RowRefused) else str(exc)
-                    if stop is None or index < stop[0]:  # the first row in input order that failed
-                        stop = (index, number, reason)
-                    continue
-                finished[index] = (answered(row, ask, reply.text), reply.tokens)
-            while to_write in finished and (stop is None or to_write < stop[0]):
-                line_row, tokens = finished.pop(to_write)
-                out.write((json.dumps(line_row, ensure_ascii=False) + "\n").encode())
-                out.flush()
-                to_write += 1
-                written += 1
-                progress.add(tokens)
-            if stop is not None and not any(index < stop[0] for index in pending):
-                break
-        os.fsync(out.fileno())
-    if stop is not None:
-        index, number, reason = stop
-        failed.append({"line": number, "reason": reason})
-        where = f"{request.prompts}:{number}"
-        raise RegenError(f"{where}: {reason}")
-    return written
+                    message = self.results.get(timeout=PROGRESS_EVERY_S)
+                except queue.Empty:
+                    message = None
+                if message and message[0] == "row":
+                    done[message[1].index] = message[1]
+                elif message and message[0] == "dead":
+                    self._server_died(message[1], message[2])
+                elif message and message[0] == "crash":
+                    raise RuntimeError(f"a worker for {message[1]} failed: {message[2]}")
+                while to_settle in done:
+                    outcome = done.pop(to_settle)
+                    item, end_offset = waiting.pop(to_settle)
+                    self._settle(item, outcome, progress)
+                    ledger.advance(end_offset, item.number)
+                    to_settle += 1
+                    self._check_failures()
+                ledger.checkpoint()
+                progress.show(settled.failed - failed_before, self.dead)
+            self.prompts.check_unchanged()
+        except KeyboardInterrupt:
+            ledger.checkpoint("interrupted", force=True)
+            raise
+        except RegenError as exc:
+            ledger.checkpoint("stopped", force=True, error=str(exc))
+            raise RegenError(f"{exc}; {settled.rows:,} rows kept in {self.request.out} and {settled.failed:,} set "
+                             f"aside in {errors_path(self.request.out).name} (`--resume` continues after them)") from None
+        except BaseException as exc:
+            ledger.checkpoint("stopped", force=True, error=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            for _ in threads:
+                self.work.put(None)
+        ledger.checkpoint("complete", force=True, dead_servers=self.dead)
+        progress.show(settled.failed - failed_before, self.dead, final=True)
+        return self._result(started, resumed_from, rows_before, failed_before, tokens_before)
+
+    def _item(self, index: int, number: int, raw: bytes) -> Item:
+        try:
+            row = loads_json(raw)
+            return Item(index, number, row, plan_for(row, self.request.turns))
+        except (ValueError, BadRow) as exc:
+            raise RegenError(f"{self.request.prompts}:{number}: not a prompt row ({printable(exc)})") from None
+
+    def _settle(self, item: Item, outcome: Outcome, progress: Progress) -> None:
+        observed = self.ledger.settled.observed
+        if self.on_settle is not None:
+            self.on_settle(item, outcome)
+        if outcome.line is not None:
+            self.ledger.write_row(outcome.line)
+        else:
+            record = {"line": item.number, "reason": outcome.failure, "server": outcome.server}
+            self.ledger.write_failure((json.dumps(record, ensure_ascii=False) + "\n").encode())
+        observed["requests"] += len(outcome.tokens)
+        observed["generated_tokens"] += sum(tokens or 0 for tokens in outcome.tokens)
+        observed["tokens_unreported"] += sum(tokens is None for tokens in outcome.tokens)
+        for finish in outcome.finish:
+            key = finish or "unreported"
+            observed["finish_reasons"][key] = observed["finish_reasons"].get(key, 0) + 1
+        if outcome.line is not None:
+            observed["answered_by"][outcome.server] = observed["answered_by"].get(outcome.server, 0) + 1
+        progress.add(sum(tokens or 0 for tokens in outcome.tokens))
+
+    def _check_failures(self) -> None:
+        failed = self.ledger.settled.failed
+        if self.max_failures is not None and failed > self.max_failures:
+            raise RegenError(f"{failed:,} rows set aside, more than --max-failures {self.request.max_failures} "
+                             f"allows (reasons in {errors_path(self.request.out)})")
+
+    def _server_died(self, url: str, reason: str) -> None:
+        if url in self.dead:
+            return
+        self.dead[url] = reason
+        alive = [server.url for server in self.servers if server.url not in self.dead]
+        if not alive:
+            raise RegenError("every server stopped answering (" + "; ".join(self.dead.values()) + ")")
+        print(printable(f"regenerate: {url} stopped answering ({reason}); {len(alive)} server(s) go on"),
+              file=sys.stderr, flush=True)
+
+    def _result(self, started: float, resumed_from: int, rows_before: int, failed_before: int,
+                tokens_before: int) -> RegenResult:
+        settled, out = self.ledger.settled, self.request.out
+        seconds = time.monotonic() - started
+        written = settled.rows - rows_before
+        tokens = settled.observed["generated_tokens"] - tokens_before
+        return RegenResult(str(out), str(manifest_path(out)), str(errors_path(out)), self.model, settled.rows,
+                           settled.failed, written, settled.failed - failed_before, resumed_from, tokens,
+                           round(seconds, 2), round(written / max(seconds, 1e-9), 2),
+                           round(tokens / max(seconds, 1e-9), 1), dict(self.dead))
+
+
+class Progress:
+    """rows/s, generated tok/s, rows set aside and an ETA on stderr, every couple of seconds."""
+
+    def __init__(self, total: int, done: int):
+        self.total, self.done = total, done
+        self.started = self.last = time.monotonic()
+        self.rows = self.tokens = self.shown = 0
+
+    def add(self, tokens: int) -> None:
+        self.rows += 1
+        self.tokens += tokens
+
+    def show(self, failed: int, dead: dict, final: bool = False) -> None:
+        now = time.monotonic()
+        quiet_for = now - self.last
+        if not final and (quiet_for < PROGRESS_EVERY_S or (self.rows == self.shown and quiet_for < QUIET_PROGRESS_S)):
+            return
+        self.last, self.shown = now, self.rows
+        seconds = max(now - self.started, 1e-9)
+        rate = self.rows / seconds
+        settled = self.done + self.rows
+        left = self.total - settled
+        eta = f", ETA {_clock(left / rate)}" if rate > 0 and left > 0 else ""
+        dead_note = f", {len(dead)} server(s) dead" if dead else ""
+        print(f"regenerate: {settled:,}/{self.total:,} rows ({rate:,.1f} rows/s, {self.tokens / seconds:,.0f} generated "
+              f"tok/s, {failed:,} set aside{dead_note}){eta}", file=sys.stderr, flush=True)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

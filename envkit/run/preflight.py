@@ -61,8 +61,10 @@ ROLE_ADVICE = {
 
 
 def require_role(venv: Venv, profile: profiles.Profile | None, wanted: str) -> venvrecord.Role:
-    """The venv's role (venvrecord.role_of) is `wanted`, or one line saying what it is and what to use instead."""
-    role = venvrecord.role_of(venv, profile)
+    """The venv's role is `wanted`, or one line saying what it is and what to use instead. An existing venv's role
+    is venvrecord.role_for's, the one every command uses; one not made yet has the role of its profile."""
+    role = venvrecord.role_for(venv, profile.name if profile else None) if venv.path.exists() \
+        else venvrecord.role_of(venv, profile)
     if role.name != wanted:
         made = f"created from profile {role.profile}" if role.recorded else f"profile {role.profile}"
         what = {"serve": "a serve venv", "train": "a training venv"}[role.name]

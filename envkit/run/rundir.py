@@ -7,6 +7,8 @@ describe, warm-up and train read), train.log, metrics.jsonl, summary.json, check
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 from envkit.errors import RunError
 from envkit.support.fsops import write_json_atomic
 from envkit.support.text import printable
-from trainer.common.files import read_json_file
+from trainer.common.files import open_lock_file, read_json_file
 
 RUN_JSON = "run.json"
 CONFIG_JSON = "config.json"
@@ -44,12 +46,39 @@ def check_run_name(name: str) -> str:
     return name
 
 
+RUN_LOCK = ".run.lock"
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path):
+    """One read-change-write of run.json at a time, across processes (a supervisor, `serve --stop`, a launcher):
+    without it, two writers each write back a record without the other's change."""
+    try:
+        fd = open_lock_file(run_dir / RUN_LOCK)
+    except ValueError as exc:
+        raise RunError(f"{exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def update_run(run_dir: Path, **fields) -> dict:
-    """Read, change, write atomically: readers see the old record or the new one."""
-    record = read_run(run_dir)
-    record.update(fields)
-    write_json_atomic(run_dir / RUN_JSON, record)
-    return record
+    """Read, change, write atomically, under the run's lock: readers see the old record or the new one, and no
+    writer's change is lost to another's."""
+    with _locked(run_dir):
+        record = read_run(run_dir)
+        record.update(fields)
+        write_json_atomic(run_dir / RUN_JSON, record)
+        return record
+
+
+def request_stop(run_dir: Path, status: str, error: str | None = None) -> dict:
+    """Ask the supervisor to end the run as `status` ("stopped", "failed"): it reads this before it starts the
+    command and when the command ends, so the end it records is the one asked for (one writer of the end)."""
+    fields = {"stop_requested": status, **({"stop_error": error} if error else {})}
+    return update_run(run_dir, **fields)
 
 
 RECORD_LIMIT = 16 << 20  # a run.json holds a config and a summary: kilobytes

@@ -21,7 +21,8 @@ from pathlib import Path
 from envkit import state, venvrecord
 from envkit.errors import RunError
 from envkit.run.preflight import new_run_dir, preflight_doctor, preflight_venv, versions
-from envkit.run.rundir import LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now, read_run, update_run
+from envkit.run.rundir import (LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now, read_run, request_stop,
+                               update_run)
 from envkit.run.runs import alive, find_run, status_of
 from envkit.run.supervise import detach, supervise
 from envkit.serve.engines import pick
@@ -127,16 +128,22 @@ def wait_ready(run_dir: Path, url: str, model_id: str, timeout: float, phases: P
             raise RunError(f"the {record.get('engine')} server exited before it served {model_id} ({record.get('status')}, "
                            f"exit {record.get('exit_code')}); its log ({run_dir / LOG}) ends:\n  {log_tail(run_dir)}")
         if models is not None and waited > 30 and model_id not in models:
-            stop_run(run_dir, "failed")
-            raise RunError(f"the server at {url} answers but lists {printable(models[:5])}, not {model_id}; stopped it")
+            raise _stopped(run_dir, f"the server at {url} answers but lists {printable(models[:5])}, not {model_id}; "
+                                    f"stopped it")
         if waited > timeout:
-            stop_run(run_dir, "failed")
-            raise RunError(f"the server did not list {model_id} at {url}/v1/models within {timeout:.0f}s; stopped it "
-                           f"(--ready-timeout waits longer); its log ({run_dir / LOG}) ends:\n  {log_tail(run_dir)}")
+            raise _stopped(run_dir, f"the server did not list {model_id} at {url}/v1/models within {timeout:.0f}s; "
+                                    f"stopped it (--ready-timeout waits longer); its log ({run_dir / LOG}) ends:\n  "
+                                    f"{log_tail(run_dir)}")
         if time.monotonic() - last_said >= PROGRESS_EVERY_S:
             phases.say(f"serve: waiting for {url}/v1/models to list the model ({waited:.0f}s)")
             last_said = time.monotonic()
         time.sleep(READY_POLL_S)
+
+
+def _stopped(run_dir: Path, message: str) -> RunError:
+    """Stop a server that will not serve, recorded as failed with why; the error to raise."""
+    stop_run(run_dir, "failed", message)
+    return RunError(message)
 
 
 def start_server(request: ServeRequest, *, quiet: bool = False) -> dict:
@@ -193,25 +200,37 @@ def _foreground(run_dir: Path, url: str, model_id: str, timeout: float, phases: 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     record = supervise(run_dir, echo=not quiet) | {"run_dir": str(run_dir)}
-    watcher.join(timeout=5)
+    watcher.join(timeout=STOP_WAIT_S + 5)  # it may be stopping the engine: its error is the run's
     if failure:
         raise RunError(failure[0])
     return record
 
 
-def stop_run(run_dir: Path, status: str = "stopped") -> dict:
-    """SIGTERM to the supervisor (it passes it on and records the end); SIGKILL to the engine if it lingers."""
-    record = read_run(run_dir)
-    supervisor, server = record.get("supervisor_pid"), record.get("pid")
-    if status_of(record) == "running" and alive(supervisor):
-        os.kill(supervisor, signal.SIGTERM)
+def stop_run(run_dir: Path, status: str = "stopped", error: str | None = None) -> dict:
+    """End a server as `status`, whatever it is doing: the request is recorded first (a supervisor that has not
+    started the engine yet then never does), then SIGTERM goes to the supervisor, which passes it on and records
+    the end asked for; SIGKILL and an end recorded here only for one that does neither within STOP_WAIT_S."""
+    request_stop(run_dir, status, error)
     deadline = time.monotonic() + STOP_WAIT_S
-    while time.monotonic() < deadline and (alive(supervisor) or alive(server)):
-        time.sleep(0.2)
-    for pid in (server, supervisor):
-        if alive(pid):
+    signalled = False
+    while time.monotonic() < deadline:
+        record = read_run(run_dir)
+        if record.get("status") not in ("starting", "running"):
+            return record  # the supervisor recorded the end
+        if status_of(record) == "lost":
+            break
+        supervisor, server = record.get("supervisor_pid"), record.get("pid")
+        target = server if supervisor == os.getpid() else supervisor  # a foreground server's supervisor is us
+        if not signalled and record.get("status") == "running" and alive(target):
+            os.kill(target, signal.SIGTERM)
+            signalled = True
+        time.sleep(0.1)
+    record = read_run(run_dir)
+    for pid in (record.get("pid"), record.get("supervisor_pid")):
+        if pid != os.getpid() and alive(pid):
             os.kill(pid, signal.SIGKILL)
-    return update_run(run_dir, status=status, ended_at=read_run(run_dir).get("ended_at") or now())
+    return update_run(run_dir, status=status, ended_at=record.get("ended_at") or now(),
+                      **({"error": error} if error else {}))
 
 
 def stop_server(name: str, runs_dir: str | None = None) -> dict:

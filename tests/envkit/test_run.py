@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -112,6 +113,35 @@ def test_detached_run_survives_its_terminal(test_lock, wheelhouse, tmp_path):
     while record(tmp_path / "runs", "bg")["status"] in ("starting", "running") and time.monotonic() < deadline:
         time.sleep(0.3)
     assert record(tmp_path / "runs", "bg")["status"] == "finished" and done.read_text() == "ok"
+
+
+def test_a_detached_run_gets_the_callers_environment_not_a_running_tmux_servers(test_lock, wheelhouse, tmp_path):
+    """tmux starts a new session of a running server with that server's environment: the run must not."""
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed")
+    venv = tmp_path / "venv"
+    run_envkit("create", "--lock", str(test_lock), "--venv", str(venv), "--no-index", "--find-links", str(wheelhouse),
+               check=True)
+    sockets = tmp_path / "tmux"
+    sockets.mkdir()
+    server_env = {key: value for key, value in os.environ.items() if not key.startswith("TMUX")}
+    server_env["TMUX_TMPDIR"] = str(sockets)
+    subprocess.run(["tmux", "new-session", "-d", "-s", "someone-elses", "sleep 600"], env=server_env, check=True)
+    try:
+        caller = dict(server_env, CUDA_VISIBLE_DEVICES="3", HF_HOME=str(tmp_path / "hf"), EKT_MARK="the caller's")
+        seen = tmp_path / "seen.json"
+        proc = run_envkit("run", "--venv", str(venv), "--name", "env", "--detach", "--", "python", "-c",
+                          f"import json, os; open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))", env=caller)
+        assert proc.returncode == 0 and "tmux session" in proc.stderr, proc.stdout + proc.stderr
+        deadline = time.monotonic() + 60
+        while not seen.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        environ = json.loads(seen.read_text())
+        assert environ["EKT_MARK"] == "the caller's" and environ["CUDA_VISIBLE_DEVICES"] == "3"
+        assert environ["HF_HOME"] == str(tmp_path / "hf") and environ["VIRTUAL_ENV"] == str(venv)
+        assert not list((tmp_path / "runs" / "env").glob(".environ*"))  # the hand-over leaves nothing behind
+    finally:
+        subprocess.run(["tmux", "kill-server"], env=server_env)
 
 
 def test_code_identity_is_the_commit_plus_uncommitted_changes(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CODE_RUN_STEPS as RUN_STEPS, EAGER, PROJECT, run_envkit
+from helpers import CODE_RUN_STEPS as RUN_STEPS, EAGER, PROJECT, record_figure, run_envkit
 from trainer.data import corpus
 
 
@@ -46,6 +46,8 @@ def test_code_preset_builds_a_loadable_target_and_its_drafter_beats_the_rules(co
     summary = json.loads((run_dir / "summary.json").read_text())
     # After 600 steps the walk led the better rule by 22-50% on code_tiny built from four recipe seeds (2.71 vs
     # 2.22 the least, bench/RESULTS.md "A cheaper code_tiny"): a 10% lead holds with 2x room.
+    record_figure("code: walk vs the better rule", walk=summary["walk_tau"], copy=summary["walk_copy_tau"],
+                  repeat=summary["walk_repeat_tau"], held_out_loss=record["held_out_loss"])
     assert summary["walk_tau"] > 1.1 * max(summary["walk_copy_tau"], summary["walk_repeat_tau"]), summary
     assert "walk example (held-out prompt " in output and "accepted" in output and "rejected" in output
     assert "\r" not in (run_dir / "train.log").read_text()  # no progress bars in the log
@@ -145,6 +147,7 @@ def test_a_tap_error_costs_acceptance_on_the_trained_target(code_run):
     run_dir, env, _, _ = code_run
     right, zeroed, tap0 = _walks(run_dir / "checkpoint.pt", (), ("--zero-context",), ("--taps", "0"), env=env)
     recorded = json.loads((run_dir / "summary.json").read_text())["walk_tau"]
+    record_figure("code: tap ablation", right=right, zeroed=zeroed, tap0=tap0)
     assert abs(right - recorded) <= 0.03 * recorded, (right, recorded)  # the run's own walk, another transformers
     assert zeroed <= 0.75 * right
     assert tap0 <= 0.95 * right

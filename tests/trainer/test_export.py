@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROJECT, one_line_error, run_envkit, run_trainer
+from helpers import PROJECT, one_line_error, record_figure, run_envkit, run_trainer
 
 torch = pytest.importorskip("torch")
 dflash_model = pytest.importorskip("dflash.model", reason="make test installs the reference dflash (--no-deps)")
@@ -128,6 +128,8 @@ def test_tiny_run_exports_a_drafter_the_reference_serves_losslessly(tiny_run, tm
     record = json.loads((run_dir / "run.json").read_text())
     summary = record["summary"]
     # The demo's walk: 2.03-2.31 across runs and machines against the copy rule's 1.45: asserted at half that lead.
+    record_figure("tiny demo: walk vs copy", walk=summary["walk_tau"], copy=summary["walk_copy_tau"],
+                  repeat=summary["walk_repeat_tau"])
     assert summary["walk_tau"] > 1.25 * summary["walk_copy_tau"] and summary["beats_baselines"], summary
     assert "greedy decoding walk" in stdout  # the summary leads with the walk figure
 

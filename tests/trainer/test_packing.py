@@ -17,7 +17,7 @@ from trainer.model.loss import block_targets, sample_anchors, weighted_block_los
 from trainer.model.masks import dense_mask  # noqa: E402
 from trainer.model.target import build_target, tapped_states  # noqa: E402
 
-from helpers import PROJECT
+from helpers import PROJECT, record_figure
 
 
 def documents(lengths, vocab=500, seed=0) -> list[Sequence]:
@@ -215,6 +215,8 @@ def test_packing_removes_padding_and_learns_as_well(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         summaries[flag] = json.loads((out / "summary.json").read_text())
     packed, unpacked = summaries["--packing"], summaries["--no-packing"]
+    record_figure("packing: tau packed vs unpacked", packed=packed["tau_end"], unpacked=unpacked["tau_end"],
+                  copy=packed["baseline_copy_tau"])
     assert packed["pad_fraction"] <= 0.5 * unpacked["pad_fraction"], (packed, unpacked)
     assert packed["tau_end"] >= 0.9 * unpacked["tau_end"], (packed, unpacked)
     assert packed["tau_end"] > 1.5 * packed["baseline_copy_tau"], packed  # and both learned: 2.24 vs the rule's 1.14

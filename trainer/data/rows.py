@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 from trainer.common.errors import TrainerInputError
 from trainer.common.files import loads_json
+from trainer.data.regenerated import shape_of
+
+NEEDS_TOKENIZER = {"completion": "prompt/completion", "text": "text", "conversations": "conversation"}
 
 
 @dataclass
@@ -42,27 +45,24 @@ def parse_line(line: bytes, vocab_size: int | None, tokenizer, template_kwargs: 
     row = loads_json(line)  # not UTF-8 or nested too deeply: a ValueError, the line's error
     if not isinstance(row, dict):
         raise ValueError("expected a JSON object")
-    if "input_ids" in row:
+    shape = shape_of(row)  # the one order every reader and regenerate's writer share (regenerated.py)
+    if shape == "input_ids":
         ids = token_ids(row["input_ids"], vocab_size, "input_ids")
         mask = row.get("loss_mask", [1] * len(ids))
         if not isinstance(mask, list) or len(mask) != len(ids):
             raise ValueError("loss_mask and input_ids differ in length")
         return Sequence(ids, mask if set(mask) <= {0, 1} else [int(bool(m)) for m in mask])
-    if "prompt" in row and "completion" in row:  # a regenerated row (envkit data regenerate)
-        if tokenizer is None:
-            raise TrainerInputError("prompt/completion data needs a tokenizer; give --tokenizer PATH or --target PATH")
+    if shape is not None and tokenizer is None:
+        raise TrainerInputError(f"{NEEDS_TOKENIZER[shape]} data needs a tokenizer; give --tokenizer PATH or --target PATH")
+    if shape == "completion":
         if not isinstance(row["prompt"], str) or not isinstance(row["completion"], str):
             raise ValueError("prompt and completion must be strings")
         return completion_tokens(tokenizer, row["prompt"], row["completion"], vocab_size)
-    if "text" in row:
-        if tokenizer is None:
-            raise TrainerInputError("text data needs a tokenizer; give --tokenizer PATH or --target PATH")
+    if shape == "text":
         if not isinstance(row["text"], str):
             raise ValueError("text must be a string")
         return text_tokens(tokenizer, row["text"], vocab_size)
-    if "conversations" in row:
-        if tokenizer is None:
-            raise TrainerInputError("conversation data needs a tokenizer; give --tokenizer PATH or --target PATH")
+    if shape == "conversations":
         seq = conversation_tokens(tokenizer, row["conversations"], template_kwargs)
         token_ids(seq.input_ids, vocab_size, "the tokenized conversation")
         return seq

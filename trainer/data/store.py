@@ -89,9 +89,10 @@ def provenance(source_path: Path, sha256: str) -> dict | None:
         record = read_json_file(source_path.with_name(source_path.name + ".manifest.json"), limit=16 << 20)
     except (ValueError, OSError):
         return None
-    if not isinstance(record, dict) or record.get("output_sha256") != sha256:
+    if not isinstance(record, dict) or record.get("status") != "complete" or record.get("output_sha256") != sha256:
         return None
-    return {key: record.get(key) for key in ("model", "engine", "settings", "prompts", "prompts_sha256", "servers")}
+    return {key: record.get(key) for key in ("model", "engines", "settings", "prompts", "prompts_sha256", "servers",
+                                              "observed", "rows", "failed")}
 
 
 def store_key(source: dict, tokenizer_files: dict, template_kwargs: dict | None, vocab_size: int | None) -> str:
