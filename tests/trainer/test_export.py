@@ -98,6 +98,59 @@ def test_export_matches_the_reference_bit_for_bit_and_forward(tmp_path):
     assert torch.allclose(mine, theirs, atol=2e-5), (mine - theirs).abs().max()
 
 
+def family_target(path: Path, family: str) -> Path:
+    """A small random model of a family users bring (Llama with tied embeddings, Mistral untied), saved as an HF dir."""
+    import transformers
+
+    shapes = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shapes, tie_word_embeddings=True,
+                                                                        rope_theta=100_000.0))
+    elif family == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(**shapes, tie_word_embeddings=False))
+    else:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=512, n_embd=128, n_layer=2, n_head=4,
+                                                                    bos_token_id=0, eos_token_id=0))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(10.0)  # peaked outputs, as the tiny preset's random target
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_a_target_of_another_family_trains_exports_and_serves_losslessly(tmp_path, family):
+    target_path = family_target(tmp_path / family, family)
+    cfg = tiny()
+    cfg.target.path = str(target_path)
+    cfg.data.num_sequences, cfg.data.eval_sequences = 16, 4
+    cfg.steps, cfg.eval_every, cfg.ckpt_every, cfg.compile = 2, 0, 0, False
+    trainer = Trainer.sequential(cfg, tmp_path / "run", log=lambda m: None)
+    trainer.train()
+    trainer.save_checkpoint()
+    out = tmp_path / "export"
+    export(tmp_path / "run" / "checkpoint.pt", out)
+    config = json.loads((out / "config.json").read_text())
+    hf = json.loads((target_path / "config.json").read_text())
+    assert config["rope_theta"] == hf.get("rope_theta", hf.get("rope_parameters", {}).get("rope_theta"))
+    assert config["hidden_size"] == 128 and config["num_target_layers"] == 6
+    draft = load_reference(out)
+    target = AutoModelForCausalLM.from_pretrained(target_path).eval()  # a user's target is served from its own dir
+    assert target.config.model_type == family
+    for prompt in ([5, 17, 99, 3], [400, 2, 2, 31, 7]):
+        result = reference_generate(draft, target, prompt, 24)
+        assert result.output_ids[0, len(prompt):].tolist() == target_greedy(target, prompt, 24)  # lossless
+    trainer.close()
+
+
+def test_a_target_the_trainer_cannot_drive_is_one_line(tmp_path):
+    target_path = family_target(tmp_path / "gpt2", "gpt2")
+    proc = run_trainer("train", "--preset", "tiny", "--target", str(target_path), "--steps", "1", "--no-compile",
+                       "--out", str(tmp_path / "run"))
+    assert "'gpt2' model" in one_line_error(proc) and "llama, mistral, qwen2, qwen3" in one_line_error(proc)
+
+
 def test_export_refuses_to_clobber_and_writes_nothing_half(tmp_path):
     trainer = small_trainer(tmp_path / "run")
     trainer.save_checkpoint()

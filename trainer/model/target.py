@@ -86,9 +86,25 @@ def rope_theta_of(config) -> float:
     return float(theta)
 
 
+# The families the trainer drives as a target: decoder layers under `model.layers` whose hidden states it taps,
+# attention through transformers' attention interface (the trainer's packed-document mask), RoPE from the config
+# (rope_theta_of refuses scaling), an embedding and LM head the drafter shares. Qwen2 covers Qwen2.5.
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def check_family(config) -> None:
+    """One line for a target the trainer cannot drive (another layout, attention or RoPE scheme): never
+    approximated."""
+    family = getattr(config, "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        raise TrainerInputError(f"the target is a {str(family)[:40]!r} model; the DFlash drafter mirrors "
+                                f"{', '.join(SUPPORTED_FAMILIES)} targets only (docs/trainer.md: supported targets)")
+
+
 def sync_config_from_model(cfg: TargetConfig, model: nn.Module) -> None:
     """A pretrained target's real shapes, RoPE and norm epsilon override the preset's."""
     config = model.config
+    check_family(config)
     cfg.vocab_size, cfg.hidden_size = config.vocab_size, config.hidden_size
     cfg.intermediate_size, cfg.num_layers = config.intermediate_size, config.num_hidden_layers
     cfg.num_heads, cfg.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
