@@ -171,6 +171,29 @@ def finished_run(tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "finished-run", train) / "run"
 
 
+@pytest.fixture(scope="session")
+def serve_venv(tmp_path_factory) -> Path:
+    """A serve venv made from the serve-cpu profile (`transformers serve`), built once per run. envkit's record of
+    creating it lives in the state dir built beside it: pass `serve_state_env()` to commands that need it."""
+    def create(root: Path) -> None:
+        run_envkit("create", "--profile", "serve-cpu", "--venv", str(root / "venv"),
+                   env=dict(os.environ, ENVKIT_CACHE_DIR=str(root / "cache")), check=True, timeout=900)
+    return built_once(tmp_path_factory, "serve-venv", create)
+
+
+# The long shared fixtures, each built by one worker from the start, side by side: a worker that needs a fixture
+# the other is building waits idle (measured: ~4 of 28 worker-minutes). Only what the selected tests use.
+PREBUILT_BY_WORKER = {"gw0": ("code_run",), "gw1": ("serve_venv", "tiny_run")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prebuilt(request):
+    needed = {name for item in request.session.items for name in item.fixturenames}
+    for name in PREBUILT_BY_WORKER.get(os.environ.get("PYTEST_XDIST_WORKER", ""), ()):
+        if name in needed:
+            request.getfixturevalue(name)
+
+
 # A test's tier follows from what it needs: the session's cpu venv, warm cache or trained runs (a checkpoint
 # included) make it e2e, a venv built from the test wheelhouse makes it integration; an explicit mark wins (a
 # test that trains in a subprocess is marked e2e). The rest is the unit tier.

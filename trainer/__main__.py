@@ -414,6 +414,12 @@ def cmd_make_target(args) -> int:
     return 0
 
 
+def cmd_convert_gguf(args) -> int:
+    from trainer.targets.gguf import cmd_convert_gguf as convert
+
+    return convert(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -489,6 +495,10 @@ def main(argv=None) -> int:
                                            "sources (the `code` preset's target)")
     p.add_argument("--recipe", default="code_tiny", help="code_tiny (CPU, ~1 min) | code_small (one GPU)")
     p.add_argument("--out", help="directory to create (default: built once into $ENVKIT_HOME/targets and reused)")
+    p = sub.add_parser("convert-gguf", help="dequantize a GGUF model file into a Hugging Face model dir (safetensors, "
+                                            "tokenizer, chat template); needs the convert-cpu lock's gguf and accelerate")
+    p.add_argument("--gguf", required=True, help="the .gguf file")
+    p.add_argument("--out", required=True, help="the model dir to write (must not exist)")
     p = sub.add_parser("eval", help="re-evaluate a checkpoint: teacher-forced tau, or the decoding walk (--walk)")
     p.add_argument("--ckpt", required=True)
     p.add_argument("--device")
@@ -519,7 +529,7 @@ def main(argv=None) -> int:
     try:
         commands = {"train": cmd_train, "eval": cmd_eval, "warmup": cmd_warmup, "describe": cmd_describe,
                     "load-cache": cmd_load_cache, "export": cmd_export, "selftest": cmd_selftest,
-                    "make-target": cmd_make_target, "prepare": cmd_prepare}
+                    "make-target": cmd_make_target, "prepare": cmd_prepare, "convert-gguf": cmd_convert_gguf}
         return commands[args.command](args)
     except TrainerInputError as exc:  # anything else is a bug or torch's failure: its traceback is kept
         print(f"Error: {exc}", file=sys.stderr)

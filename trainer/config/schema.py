@@ -51,7 +51,8 @@ class DataConfig:
     # Without a path: "generate" continues random prompts with the target (learnable, tiny); "corpus" continues
     # prompts cut from the stdlib corpus with the target (training files for training, held-out files for
     # evaluation: the data DFlash trains on, for a `recipe` target); "random" draws uniform tokens (a
-    # shape-faithful throughput workload: decoding with an 8B target would take hours).
+    # shape-faithful throughput workload: decoding with an 8B target would take hours); "file": only a data file
+    # (`--data`), such as the target's regenerated answers.
     source: str = "generate"
     # "chat_lengths": uniform tokens with a chat-like length mix, log-normal with this median and 90th
     # percentile (stated as such in bench/RESULTS.md), truncated at the largest bucket.
@@ -119,8 +120,8 @@ class TrainConfig:
             _check_fields(section, where)
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise TrainerInputError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
-        if self.data.source not in ("generate", "corpus", "random", "chat_lengths"):
-            raise TrainerInputError(f"data.source must be generate, corpus, random or chat_lengths, not "
+        if self.data.source not in ("generate", "corpus", "random", "chat_lengths", "file"):
+            raise TrainerInputError(f"data.source must be generate, corpus, random, chat_lengths or file, not "
                                     f"{self.data.source!r}")
         if self.drafter.context not in ("target", "zeros"):
             raise TrainerInputError(f"drafter.context must be target or zeros, not {self.drafter.context!r}")
@@ -274,6 +275,24 @@ def code() -> TrainConfig:
     )
 
 
+def chat() -> TrainConfig:
+    """A pretrained instruct target, SmolLM2-135M-Instruct (fetched and converted once: `envkit target fetch
+    chat`), trained on its own regenerated answers to instructions (`-- --data REGENERATED.jsonl`, conversations:
+    loss on the assistant's tokens through its chat template); walk on held-out instructions with `eval --walk
+    --prompts`. The shapes below are the target's own, read from it."""
+    return TrainConfig(
+        preset="chat",
+        target=TargetConfig(recipe="smollm2_135m_instruct", vocab_size=49_152, hidden_size=576,
+                            intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                            rope_theta=100_000.0, max_position_embeddings=8192, embedding_scale=1.0,
+                            mask_token_id=16),  # <empty_output>: a Jupyter token no conversation holds
+        drafter=DrafterConfig(num_layers=2, block_size=8, gamma=4.0),
+        data=DataConfig(source="file", buckets=[256, 512], eval_sequences=32),
+        batch_size=4, num_anchors=32, steps=1000, lr=1e-3, log_every=25, eval_every=500, ckpt_every=500,
+        walk_prompts=32, walk_new_tokens=64, compile=True,
+    )
+
+
 def qwen3_8b() -> TrainConfig:
     """Qwen3-8B's real shapes with random weights: a faithful GPU workload that needs no download."""
     return TrainConfig(
@@ -289,7 +308,7 @@ def qwen3_8b() -> TrainConfig:
     )
 
 
-PRESETS = {"tiny": tiny, "code": code, "qwen3_8b": qwen3_8b}
+PRESETS = {"tiny": tiny, "code": code, "chat": chat, "qwen3_8b": qwen3_8b}
 SECTIONS = {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig}
 
 

