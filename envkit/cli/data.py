@@ -137,3 +137,21 @@ def _template_kwargs(text: str | None) -> dict | None:
     if not isinstance(kwargs, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--chat-template-kwargs")
     return kwargs
+
+
+@data_group.command("instructions")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), metavar="OUT.jsonl")
+@click.option("--count", type=click.IntRange(1), default=1024, show_default=True)
+@click.option("--held-out", is_flag=True, help="From the held-out files (what the walk measures on), not the training ones.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def data_instructions_command(out_path, count, held_out, seed):
+    """Instructions for a chat target, derived from this interpreter's standard library: "Write a Python function
+    `NAME(SIGNATURE)`: DOCSTRING" as `conversations` rows (one user turn) for `envkit data regenerate`."""
+    from trainer.common.files import atomic_write
+    from trainer.data import corpus
+
+    texts = corpus.instructions(held_out, count, seed)
+    atomic_write(Path(out_path), "".join(json.dumps({"conversations": [{"role": "user", "content": text}]}) + "\n"
+                                         for text in texts))
+    click.echo(printable(f"{out_path}: {len(texts):,} instructions from the {'held-out' if held_out else 'training'} "
+                         f"files of the standard library"))

@@ -33,7 +33,7 @@ def test_config_resolution_order_and_partial_files():
 @pytest.mark.parametrize("config, needle", [
     ({"stepz": 3}, "unknown config key 'stepz'"),
     ({"data": {"sourc": "random"}}, "unknown config key data.sourc"),
-    ({"data": {"source": "web"}}, "data.source must be generate, corpus, random or chat_lengths"),
+    ({"data": {"source": "web"}}, "data.source must be generate, corpus, random, chat_lengths or file"),
     ({"dtype": "fp8"}, "dtype must be float32, bfloat16 or float16"),
 ])
 def test_bad_config_names_the_key(tmp_path, config, needle):
