@@ -23,7 +23,7 @@ from pathlib import Path
 from envkit import __version__
 from envkit.regen import client as api
 from envkit.regen.http import parse_endpoint
-from envkit.regen.ledger import Ledger, RegenError, errors_path, manifest_path
+from envkit.regen.ledger import MANIFEST_FORMAT, Ledger, RegenError, errors_path, manifest_path
 from envkit.regen.prompts import PromptFile
 from envkit.regen.rows import TURNS, BadRow, Plan, chat_history, plan_for, training_row
 from envkit.support.text import printable
@@ -107,7 +107,7 @@ def regenerate(request: RegenRequest) -> RegenResult:
     with PromptFile(request.prompts) as prompts:
         listed = {server.url: server.models(request.connect_timeout_s) for server in servers}
         model = _choose_model(listed, request.model)
-        manifest = {"format": 2, "prompts": str(request.prompts.absolute()), "prompts_sha256": prompts.sha256,
+        manifest = {"format": MANIFEST_FORMAT, "prompts": str(request.prompts.absolute()), "prompts_sha256": prompts.sha256,
                     "prompts_rows": prompts.rows, "prompts_lines": prompts.lines, "model": model,
                     "settings": {"max_tokens": request.max_tokens, "temperature": request.temperature,
                                  "chat_template_kwargs": request.chat_template_kwargs, "turns": request.turns},
