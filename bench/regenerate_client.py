@@ -69,7 +69,7 @@ def regenerate(urls: list[str], prompts: Path, out: Path, concurrency: int, *ext
     seconds = time.monotonic() - started
     stdout = proc.stdout.read()
     result = json.loads(stdout) if stdout.strip() and os.waitstatus_to_exitcode(status) == 0 else {}
-    return {"seconds": round(seconds, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), **result}
+    return {**result, "seconds": round(seconds, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
 
 
 def main() -> None:

@@ -66,7 +66,7 @@ def test_the_chat_target_from_its_wheel_to_a_served_drafter(chat_home, serve_ven
     out = tmp_path / "answers.jsonl"
     try:
         done = run_envkit("data", "regenerate", "--server", f"http://127.0.0.1:{port}", "--data", str(prompts),
-                          "--out", str(out), "--max-tokens", "48", "--concurrency", "4", env=env, timeout=900)
+                          "--out", str(out), "--max-tokens", "40", "--concurrency", "8", env=env, timeout=900)
     finally:
         run_envkit("serve", "--stop", "chat", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -77,7 +77,7 @@ def test_the_chat_target_from_its_wheel_to_a_served_drafter(chat_home, serve_ven
     # A few steps of the chat preset on those conversations (loss on the assistant's tokens), then the export.
     config_file = tmp_path / "chat.json"
     config_file.write_text(json.dumps({"preset": "chat", "steps": 2, "eval_every": 0, "ckpt_every": 0,
-                                       "walk_prompts": 1, "walk_new_tokens": 8,
+                                       "walk_prompts": 1, "walk_new_tokens": 4,
                                        "data": {"buckets": [256], "eval_sequences": 2}}))
     run = tmp_path / "run"
     train = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config_file), "--data", str(out),
