@@ -61,8 +61,10 @@ def test_the_chat_target_from_its_wheel_to_a_served_drafter(chat_home, serve_ven
                          "--name", "chat", "--detach", env=env, timeout=600)
     assert started.returncode == 0, started.stderr[-3000:]
     prompts = tmp_path / "instructions.jsonl"
-    prompts.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": text}]}) + "\n"
-                               for text in corpus.instructions(False, 8, seed=0)))
+    asked = [[{"role": "user", "content": text}] for text in corpus.instructions(False, 8, seed=0)]
+    asked.append([*asked[0], {"role": "assistant", "content": "a human's answer"},  # every turn is the target's
+                  {"role": "user", "content": "Now add a docstring to it."}])
+    prompts.write_text("".join(json.dumps({"conversations": turns}) + "\n" for turns in asked))
     out = tmp_path / "answers.jsonl"
     try:
         done = run_envkit("data", "regenerate", "--server", f"http://127.0.0.1:{port}", "--data", str(prompts),
@@ -71,8 +73,21 @@ def test_the_chat_target_from_its_wheel_to_a_served_drafter(chat_home, serve_ven
         run_envkit("serve", "--stop", "chat", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 8 and all(row["conversations"][-1]["role"] == "assistant" for row in rows)
+    assert len(rows) == 9 and all(row["conversations"][-1]["role"] == "assistant" for row in rows)
     assert sum("def " in row["conversations"][-1]["content"] for row in rows) >= 4  # it writes code when asked
+
+    # Both answers of the two-turn row are the target's own greedy answers, the second given the first.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    conversation = rows[-1]["conversations"]
+    assert [turn["role"] for turn in conversation] == ["user", "assistant", "user", "assistant"]
+    for turn in (1, 3):
+        ids = tokenizer.apply_chat_template(conversation[:turn], add_generation_prompt=True,
+                                            return_dict=True, return_tensors="pt")["input_ids"]
+        greedy = model.generate(ids, max_new_tokens=40, do_sample=False)[0, ids.shape[1]:]
+        assert conversation[turn]["content"] == tokenizer.decode(greedy, skip_special_tokens=True), turn
 
     # A few steps of the chat preset on those conversations (loss on the assistant's tokens), then the export.
     config_file = tmp_path / "chat.json"
@@ -94,7 +109,6 @@ def test_the_chat_target_from_its_wheel_to_a_served_drafter(chat_home, serve_ven
     torch = pytest.importorskip("torch")
     dflash_model = pytest.importorskip("dflash.model")
     dflash_model._cuda_time = time.perf_counter
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     draft, info = dflash_model.DFlashDraftModel.from_pretrained(exported, output_loading_info=True)
     assert not any(info.values()), info
