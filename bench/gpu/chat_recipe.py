@@ -30,14 +30,17 @@ def answers(target: Path, instructions: list[str], max_new_tokens: int, batch: i
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     tokenizer.padding_side = "left"
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 2
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).cuda().eval()
+    if tokenizer.pad_token is None:  # SmolLM2's GGUF names none; <|im_end|> (id 2) ends every answer anyway
+        tokenizer.pad_token = "<|im_end|>"
+    pad = tokenizer.pad_token_id
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script itself
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).to(device).eval()
     started = time.perf_counter()
     out = []
     for start in range(0, len(instructions), batch):
         chats = [[{"role": "user", "content": text}] for text in instructions[start:start + batch]]
         rendered = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats]
-        enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False).to("cuda")
+        enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.no_grad():
             generated = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
         for row in generated[:, enc["input_ids"].shape[1]:]:
