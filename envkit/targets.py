@@ -10,8 +10,6 @@ its sha256. Both write a temporary sibling, record its digests, then rename (tra
 
 from __future__ import annotations
 
-import fcntl
-import os
 import shutil
 import subprocess
 import sys
@@ -26,8 +24,8 @@ from envkit.lock import wheelhouse
 from envkit.support.text import printable
 from envkit.trainer_process import trainer_command, trainer_env
 from envkit.venv import Venv
-from trainer.common.files import file_sha256, open_lock_file
 from trainer.common.errors import TrainerInputError
+from trainer.common.files import exclusive_lock, file_sha256
 from trainer.targets import maketarget, pretrained
 
 CONVERT_PROFILE = "convert-cpu"
@@ -77,33 +75,27 @@ def convert_file(gguf: Path, *, quiet: bool = False) -> TargetResult:
 
 def _ensure(name: str, origin: dict, make, quiet: bool) -> TargetResult:
     out = pretrained.target_path(name, origin["source"])
-    root = out.parent
-    root.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        lock = open_lock_file(root / f".{out.name}.lock")
-    except ValueError as exc:
-        raise TargetError(str(exc)) from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs fetch it once
-        if not out.exists():
-            work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=root))
-            try:
-                gguf = make(work)
-                converted = _convert(gguf, work / "model", quiet)
-                pretrained.install(converted, out, origin | {"name": name, "converted_by": CONVERT_PROFILE})
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-            reused = False
-        else:
-            reused = True
-        try:
+        with exclusive_lock(out.parent / f".{out.name}.lock"):  # two runs fetch it once
+            reused = out.exists()
+            if not reused:
+                _make(name, origin, out, make, quiet)
             maketarget.check_built(out)
-        except TrainerInputError as exc:
-            raise TargetError(str(exc)) from None
-    finally:
-        os.close(lock)
+    except ValueError as exc:  # the lock file refused, or the dir changed since it was converted
+        raise TargetError(str(exc)) from None
     _say(f"target {name}: {'reused' if reused else 'converted into'} {out}", quiet)
     return TargetResult(name, str(out), reused, origin["source"])
+
+
+def _make(name: str, origin: dict, out: Path, make, quiet: bool) -> None:
+    """The GGUF from `make`, converted in a temporary sibling, installed as `out`."""
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        converted = _convert(make(work), work / "model", quiet)
+        pretrained.install(converted, out, origin | {"name": name, "converted_by": CONVERT_PROFILE})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _download(origin: dict, work: Path, find_links: tuple[str, ...], quiet: bool) -> Path:

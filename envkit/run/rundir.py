@@ -7,8 +7,6 @@ describe, warm-up and train read), train.log, metrics.jsonl, summary.json, check
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +14,7 @@ from pathlib import Path
 from envkit.errors import RunError
 from envkit.support.fsops import write_json_atomic
 from envkit.support.text import printable
-from trainer.common.files import open_lock_file, read_json_file
+from trainer.common.files import exclusive_lock, read_json_file
 
 RUN_JSON = "run.json"
 CONFIG_JSON = "config.json"
@@ -54,14 +52,10 @@ def _locked(run_dir: Path):
     """One read-change-write of run.json at a time, across processes (a supervisor, `serve --stop`, a launcher):
     without it, two writers each write back a record without the other's change."""
     try:
-        fd = open_lock_file(run_dir / RUN_LOCK)
+        with exclusive_lock(run_dir / RUN_LOCK):
+            yield
     except ValueError as exc:
         raise RunError(f"{exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def update_run(run_dir: Path, **fields) -> dict:

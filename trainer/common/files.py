@@ -3,6 +3,8 @@ envkit uses the same ones (envkit/support/fsops.py, envkit/support/safeio.py).""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -93,6 +95,18 @@ def open_lock_file(path: Path) -> int:
     except OSError as exc:
         raise ValueError(f"cannot open the lock file {str(path)!r}: {exc.strerror}"
                          + (" (a symlink: remove it)" if os.path.islink(path) else "")) from None
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path):
+    """Hold an exclusive lock on a lock file (open_lock_file's rules) for the block: one builder at a time across
+    processes; ValueError when the lock file cannot be opened. The kernel drops it with the process."""
+    fd = open_lock_file(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def envkit_home() -> Path:
