@@ -70,6 +70,11 @@ def main() -> None:
     from trainer.targets.gguf import convert
 
     figures: dict = {}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after each phase: a call cut short still brings back what it measured
+        (args.out / "chat_recipe.json").write_text(json.dumps(figures, indent=2))
+
     target = args.work / "target"
     if not target.exists():
         gguf = args.work / "model.gguf"
@@ -78,12 +83,14 @@ def main() -> None:
                 joined.write(part.read_bytes())
         started = time.perf_counter()
         figures["convert"] = convert(gguf, target) | {"seconds": round(time.perf_counter() - started, 1)}
+        save()
     train_texts = corpus.instructions(False, args.train, seed=0)
     held_texts = corpus.instructions(True, args.held_out, seed=0)
     answered, seconds = answers(target, train_texts, args.answer_tokens, batch=128)
     figures["answers"] = {"rows": len(answered), "seconds": round(seconds, 1),
                           "empty": sum(not text.strip() for text in answered),
                           "with_def": sum("def " in text for text in answered), "example": answered[0][:400]}
+    save()
     data = args.work / "answers.jsonl"
     data.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": q},
                                                           {"role": "assistant", "content": a}]}) + "\n"
@@ -102,6 +109,7 @@ def main() -> None:
                             "--data", str(data), "--out", str(run)], capture_output=True, text=True, env=env)
     figures["train"] = {"exit": train.returncode, "seconds": round(time.perf_counter() - started, 1),
                         "tail": train.stdout[-1500:] + train.stderr[-1500:]}
+    save()
     if train.returncode == 0:
         figures["summary"] = json.loads((run / "summary.json").read_text())
         started = time.perf_counter()
@@ -109,8 +117,7 @@ def main() -> None:
                                  "--walk", "--prompts", str(held)], capture_output=True, text=True, env=env)
         figures["walk_seconds"] = round(time.perf_counter() - started, 1)
         figures["walk"] = json.loads(walked.stdout) if walked.returncode == 0 else {"error": walked.stderr[-2000:]}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "chat_recipe.json").write_text(json.dumps(figures, indent=2))
+    save()
     walk = figures.get("walk", {})
     print(json.dumps({k: walk.get(k) for k in ("walk_tau", "walk_repeat_tau", "walk_copy_tau", "walk_degenerate",
                                               "walk_counted", "walk_near_ties")}), figures.get("walk_seconds"))

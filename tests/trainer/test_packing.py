@@ -14,6 +14,7 @@ from trainer.config.schema import tiny  # noqa: E402
 from trainer.data.datasets import Dataset, Sequence, collate, pack  # noqa: E402
 from trainer.model.drafter import SdpaAttention, build_drafter  # noqa: E402
 from trainer.model.loss import block_targets, sample_anchors, weighted_block_loss  # noqa: E402
+from trainer.model import target_attention  # noqa: E402
 from trainer.model.masks import dense_mask  # noqa: E402
 from trainer.model.target import build_target, tapped_states  # noqa: E402
 
@@ -33,10 +34,23 @@ def test_first_fit_decreasing_fills_rows_and_keeps_every_document():
     assert len(rows) == 4  # 400 tokens need at least 4 rows of 128
 
 
-@pytest.mark.parametrize("attention", ["dense block-diagonal (SDPA)", "document BlockMask (compiled flex, as on CUDA)"])
-def test_packed_row_gives_each_document_its_own_target_states(attention):
+def llama_target():
+    """A small random Llama: its model builds masks without a mask mapping (a BlockMask must reach it as is)."""
+    import transformers
+
     cfg = tiny().target
-    target = build_target(cfg)
+    config = transformers.LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=4,
+                                      num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+                                      intermediate_size=cfg.intermediate_size, head_dim=cfg.head_dim)
+    config._attn_implementation = target_attention.install()  # as build_target loads a user's target
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("attention", ["dense block-diagonal (SDPA)", "document BlockMask (compiled flex, as on CUDA)"])
+def test_packed_row_gives_each_document_its_own_target_states(attention, family):
+    target = build_target(tiny().target) if family == "qwen3" else llama_target()
     docs = documents([40, 150, 130])  # several 128-wide tiles: tiles before, inside and across documents
     batch = collate([docs], 384)
     assert batch["positions"][0, 40].item() == 0 and batch["doc_ids"][0, 380].item() == -1

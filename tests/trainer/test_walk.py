@@ -70,3 +70,48 @@ def test_continuations_decoded_together_are_each_prompts_own(target, monkeypatch
         prompt = prompts[index]
         assert greedy == full_forward_greedy(target, prompt, 24) and logits.shape == (24, 512)
         assert greedy == logits.argmax(-1).tolist()
+
+
+@torch.no_grad()
+def test_prompts_of_every_length_decode_together_as_each_alone(target):
+    """The walk's continuations: prompts of different lengths in one left-padded batch, each row the prompt's own
+    greedy decoding as full forwards give it (the padding masked, positions from each row's first token)."""
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 500, (length,), generator=generator).tolist() for length in (9, 14, 5, 21)]
+    assert walk.padded_greedy(target, prompts, 20, batch=3) == [full_forward_greedy(target, p, 20) for p in prompts]
+
+
+@torch.no_grad()
+def test_the_batched_walk_accepts_what_the_verified_walk_accepts(target):
+    """walk_along drafts every prompt's block in one call from one forward's states: for a rule, for a drafter
+    that must see the right context (an oracle that checks it), and for the trainer's drafter, each prompt's
+    acceptance equals the walk a serving engine runs (target verifying each block, its cache cropped)."""
+    from trainer.config.schema import tiny as tiny_config
+    from trainer.model.drafter import SdpaAttention, build_drafter
+
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 500, (length,), generator=generator).tolist() for length in (7, 16, 11)]
+    greedy = walk.padded_greedy(target, prompts, 30)
+    cfg = tiny_config()
+    drafter = build_drafter(cfg.drafter, cfg.target, num_taps=2).eval()
+    head = target.get_output_embeddings().weight
+    trained_kind = walk.drafter_proposer(drafter, SdpaAttention, target.get_input_embeddings().weight, head,
+                                         mask_token_id=3, dtype=torch.float32)
+
+    def oracle(tokens, context):  # right from the continuation while it is shown exactly the states before its anchor
+        index = next(i for i, p in enumerate(prompts) if tokens[:len(p)] == p and len(tokens) - len(p) <= 30)
+        expected = full_states(prompts[index] + greedy[index])[:, :len(tokens) - 1]
+        assert torch.allclose(context, expected, atol=1e-5)
+        done = len(tokens) - len(prompts[index])
+        return (greedy[index] + [0] * 8)[done:done + 7]
+
+    def full_states(tokens):
+        with walk.recorded_taps(target, [1, 2]) as states:
+            target(input_ids=torch.tensor([tokens]))
+            return states()
+
+    for propose in (walk.copy_proposer(8), oracle, trained_kind):
+        result = walk.evaluate_walk(target, propose, prompts, 30, 8, [1, 2], verified=len(prompts))
+        assert result["walk_verified"] == result["walk_verified_agree"] == 3 and result["walk_near_ties"] == 0
+        alone = [walk.walk(target, propose, p, 30, 8, [1, 2])[1] for p in prompts]
+        assert result["walk_tau_by_prompt"] == [round(sum(f) / len(f), 3) for f in alone]

@@ -54,6 +54,8 @@ class WalkRow(TypedDict):
     walk_degenerate: int  # prompts the target continued degenerately (one token over half): left out of the taus
     walk_counted: int  # prompts the taus are the mean over
     walk_near_ties: int  # divergences from greedy decoding at a near-tie of the target's logits
+    walk_verified: int  # prompts also walked with the target verifying each block, checked lossless
+    walk_verified_agree: int  # of those, the ones whose acceptance equals the batched walk's exactly
     walk_method: str
     walk_tau_by_prompt: list[float]
 

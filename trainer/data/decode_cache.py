@@ -23,10 +23,11 @@ def _cache_argument(model_class: type) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
-def forward_cached(model, input_ids, cache):
-    """The model's forward over `input_ids` appended to `cache` (filled in place), as this transformers names it."""
+def forward_cached(model, input_ids, cache, **inputs):
+    """The model's forward over `input_ids` appended to `cache` (filled in place), as this transformers names it;
+    `inputs` (attention_mask, position_ids of left-padded rows) pass through."""
     unwrapped = getattr(model, "_orig_mod", model)  # a torch.compile'd module's forward takes *args, **kwargs
-    return model(input_ids=input_ids, use_cache=True, **{_cache_argument(type(unwrapped)): cache})
+    return model(input_ids=input_ids, use_cache=True, **{_cache_argument(type(unwrapped)): cache}, **inputs)
 
 
 def new_cache() -> DynamicCache:

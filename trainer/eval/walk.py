@@ -3,13 +3,16 @@
 Per step, a proposer drafts block slots 1..B-1 after the anchor (the last accepted token); the target
 verifies the block in one forward; the accepted prefix plus the target's own next token are kept.
 tau of a prompt = mean of (accepted + 1) per target forward; the figure = mean of per-prompt taus (as
-the reference `dflash` reports it). The same walk runs the two rules that learn nothing. Every walk
-must reproduce the target's own greedy continuation: a mismatch is a bug, except at a near-tie of the
-target's two best logits, where two forwards of different length may round apart.
+the reference `dflash` reports it). The same walk runs the two rules that learn nothing.
 
-The rules' drafts depend on the tokens alone, and a lossless walk's tokens are the greedy continuation,
-so a rule is walked against that continuation (`rule_walk`): the same accepted prefixes, without the
-verification forwards (they were 5 of every 6 target forwards of the walk).
+A lossless walk's tokens are the target's greedy continuation, and what a draft may see (the tokens and the
+target's tapped states before its anchor) is then fixed by that continuation: one forward of the target over
+prompt + continuation gives every state any step of the walk reads. So the walk runs along the continuation
+(`walk_along`), every prompt's step in one drafter forward, with the continuations decoded together
+(`padded_greedy`): 64 prompts cost about 96 + 40 batched forwards, not 64 x 140 single ones. The first
+`VERIFIED_PROMPTS` prompts are also walked as an engine runs it (`walk`: the target verifies each block with its
+KV cache, rejected positions cropped), checked lossless and against the batched walk's acceptance: a mismatch is
+a bug, except at a near-tie of the target's two best logits, where forwards of different shapes round apart.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from trainer.eval.teacher_forced import copy_baseline
 from trainer.model.target import recorded_taps
 
 WALK_METHOD = "greedy speculative decoding walk: accepted + 1 per target forward, mean of per-prompt means"
+# Prompts decoded, and walked, together: one forward serves this many rows.
+WALK_BATCH = 64
+# Prompts also walked one at a time with the target verifying each block, as a serving engine does.
+VERIFIED_PROMPTS = 8
 # A mismatch whose two candidates' target logits differ by less than this is rounding, not a bug.
 # A divergence at a near-tie is rounding, not a bug: the greedy pass and the verification pass run
 # different lengths, so different kernels and summation orders. Near means within an absolute floor or
@@ -127,26 +134,39 @@ def copy_proposer(block_size: int):
     return propose
 
 
-def drafter_proposer(drafter, attention, embed_weight: torch.Tensor, head_weight: torch.Tensor, mask_token_id: int,
-                     dtype: torch.dtype, zero_context: bool = False):
-    """Draft with the trainer's drafter: context = tapped states of every position before the anchor (zeros
-    for a drafter trained with drafter.context "zeros")."""
-    block_size = drafter.block_size
+class DrafterProposer:
+    """Drafts with the trainer's drafter: context = tapped states of every position before the anchor (zeros
+    for a drafter trained with drafter.context "zeros"). Called with one prompt's tokens, as `walk` proposes, or
+    on many rows at once through `blocks`, as `walk_along` does."""
 
-    def propose(tokens: list[int], context: torch.Tensor) -> list[int]:
-        device = embed_weight.device
-        if zero_context:
+    def __init__(self, drafter, attention, embed_weight: torch.Tensor, head_weight: torch.Tensor, mask_token_id: int,
+                 dtype: torch.dtype, zero_context: bool = False):
+        self.drafter, self.attention, self.dtype, self.zero_context = drafter, attention, dtype, zero_context
+        self.embed_weight, self.head_weight, self.mask_token_id = embed_weight, head_weight, mask_token_id
+        self.block_size = drafter.block_size
+
+    def blocks(self, sequences: torch.Tensor, context: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """sequences (B, S) token ids, context (B, S', taps*H) the tapped states of at least every position before
+        each row's anchor (the drafter sees none from the anchor on), anchors (B,) -> (B, bs-1) drafted ids."""
+        device = self.embed_weight.device
+        if self.zero_context:
             context = torch.zeros_like(context)
-        anchor = len(tokens) - 1
-        block = torch.tensor([[tokens[-1]] + [mask_token_id] * (block_size - 1)], device=device)  # (1, bs)
-        anchors = torch.tensor([[anchor]], device=device)  # (1, 1)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            hidden = drafter(context[:, :anchor].to(device, dtype), F.embedding(block, embed_weight).float(), anchors,
-                             attention)  # (1, bs, H)
-            logits = hidden[0, 1:] @ head_weight.t()  # (bs-1, V)
-        return logits.argmax(-1).tolist()
+        block = torch.full((sequences.shape[0], self.block_size), self.mask_token_id, device=device)
+        block[:, 0] = sequences.to(device).gather(1, anchors.to(device)[:, None])[:, 0]  # the anchor's token
+        with torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            hidden = self.drafter(context.to(device, self.dtype), F.embedding(block, self.embed_weight).float(),
+                                  anchors.to(device)[:, None], self.attention)  # (B, bs, H)
+            logits = hidden[:, 1:] @ self.head_weight.t()  # (B, bs-1, V)
+        return logits.argmax(-1)
 
-    return propose
+    def __call__(self, tokens: list[int], context: torch.Tensor) -> list[int]:
+        anchor = len(tokens) - 1
+        return self.blocks(torch.tensor([tokens]), context[:, :anchor], torch.tensor([anchor]))[0].tolist()
+
+
+def drafter_proposer(drafter, attention, embed_weight: torch.Tensor, head_weight: torch.Tensor, mask_token_id: int,
+                     dtype: torch.dtype, zero_context: bool = False) -> DrafterProposer:
+    return DrafterProposer(drafter, attention, embed_weight, head_weight, mask_token_id, dtype, zero_context)
 
 
 @dataclass
@@ -195,15 +215,17 @@ def near_tie(logits: torch.Tensor, dtype) -> float:
     return max(NEAR_TIE.get(dtype, 1e-3), NEAR_TIE_ULPS * ulp)
 
 
-def check_lossless(walked: list[int], greedy: list[int], logits: list[torch.Tensor], dtype) -> bool:
-    """True when identical; False at a near-tie (counted); raises LosslessError on a real divergence."""
+def check_lossless(walked: list[int], greedy: list[int], logits, dtype,
+                   what: str = "speculative walk diverged from greedy decoding") -> bool:
+    """True when identical; False at a near-tie (counted); raises LosslessError on a real divergence.
+    logits[i]: the target's logits behind greedy[i]."""
     for index, (got, want) in enumerate(zip(walked, greedy)):
         if got != want:
             gap = float(logits[index][want] - logits[index][got])
             if gap <= near_tie(logits[index], dtype):
                 return False
-            raise LosslessError(f"speculative walk diverged from greedy decoding at new token {index}: {got} != "
-                                f"{want} (logit gap {gap:.4g}); the drafter's verification path is broken")
+            raise LosslessError(f"{what} at new token {index}: {got} != {want} (logit gap {gap:.4g}); the "
+                                f"target's decoding or the drafter's verification path is broken")
     return True
 
 
@@ -229,27 +251,117 @@ def degenerate(continuation: list[int]) -> bool:
     return bool(continuation) and 2 * max(Counter(continuation).values()) > len(continuation)
 
 
+@torch.no_grad()
+def padded_greedy(target, prompts: list[list[int]], new_tokens: int, batch: int = WALK_BATCH) -> list[list[int]]:
+    """Each prompt's greedy continuation, prompts of every length decoded together as `generate` batches them:
+    left-padded, the padding masked, positions counted from each row's first token. A row may round apart from a
+    lone decode's in the last bits: walk_along's check calls that a near-tie."""
+    from trainer.data.decode_cache import forward_cached, growing_cache  # transformers: imported where a target decodes
+
+    device = next(target.parameters()).device
+    continuations = []
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start:start + batch]
+        width = max(map(len, chunk))
+        ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache, chosen = growing_cache(), []
+        for _ in range(new_tokens):
+            logits = forward_cached(target, ids, cache, attention_mask=mask, position_ids=positions).logits[:, -1]
+            ids = logits.argmax(-1, keepdim=True)  # (rows, 1)
+            chosen.append(ids)
+            mask = torch.cat([mask, mask.new_ones(len(chunk), 1)], dim=1)
+            positions = positions[:, -1:] + 1
+        continuations += torch.cat(chosen, dim=1).tolist()
+    return continuations
+
+
+def block_proposer(propose):
+    """A one-prompt proposer (tokens, context) -> draft as a `blocks` function over many rows."""
+    if hasattr(propose, "blocks"):
+        return propose.blocks
+
+    def blocks(sequences: torch.Tensor, context: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        drafts = [propose(sequences[row, :anchor + 1].tolist(), context[row:row + 1, :anchor])
+                  for row, anchor in enumerate(anchors.tolist())]
+        return torch.tensor(drafts)
+
+    return blocks
+
+
+def walk_along(blocks, sequences: torch.Tensor, context: torch.Tensor, starts: list[int], new_tokens: int,
+               block_size: int) -> list[list[int]]:
+    """Every row's walk along its greedy continuation -> (accepted + 1) per target forward, for each row.
+    sequences (B, S): prompt + continuation, right-padded; starts: each prompt's length; context (B, S, taps*H):
+    the target's tapped states over the sequences. Each step drafts every unfinished row's block in one call; a
+    draft slot is accepted while it equals the continuation, which is what the target would verify."""
+    rows = sequences.shape[0]
+    truth, done = sequences.tolist(), [1] * rows  # the target's first token comes with the prompt's forward
+    per_forward: list[list[int]] = [[] for _ in range(rows)]
+    while active := [r for r in range(rows) if done[r] < new_tokens]:
+        anchors = [starts[r] + done[r] - 1 for r in active]
+        picked = torch.tensor(active, device=sequences.device)
+        every = len(active) == rows
+        drafts = blocks(sequences if every else sequences[picked], context if every else context[picked],
+                        torch.tensor(anchors, device=sequences.device)).tolist()
+        for row, anchor, draft in zip(active, anchors, drafts):
+            room = new_tokens - done[row]
+            want = truth[row][anchor + 1:anchor + 1 + min(room, block_size - 1)]
+            accepted = 0
+            while accepted < len(want) and draft[accepted] == want[accepted]:
+                accepted += 1
+            produced = min(accepted + 1, room)
+            done[row] += produced
+            per_forward[row].append(produced)
+    return per_forward
+
+
+def check_full_forward(logits: torch.Tensor, sequence: list[int], start: int, new_tokens: int, dtype) -> bool:
+    """The target's one forward over prompt + continuation picks every continuation token as the cached decoding
+    did: True when it does; False at a near-tie (counted); raises LosslessError otherwise. logits (S, V)."""
+    picked = logits[start - 1:start - 1 + new_tokens].argmax(-1).tolist()
+    return check_lossless(picked, sequence[start:start + new_tokens], logits[start - 1:start - 1 + new_tokens], dtype,
+                          what="the target's forward over prompt and continuation disagrees with its cached decoding")
+
+
 def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, block_size: int,
-                  layer_ids: list[int], dtype=torch.float32) -> dict:
-    """Walk tau of the drafter (verified by the target, checked lossless) and of the two rules, over the
-    same prompts. Prompts the target continues degenerately are counted and left out of the headline figures
-    (a target that loops is named, not flattered); when every prompt is, the figures are over all of them."""
+                  layer_ids: list[int], dtype=torch.float32, verified: int = VERIFIED_PROMPTS) -> dict:
+    """Walk tau of the drafter and of the two rules over the same prompts, the first `verified` prompts also
+    walked with the target verifying each block and checked lossless. Prompts the target continues degenerately
+    are counted and left out of the headline figures (a target that loops is named, not flattered); when every
+    prompt is, the figures are over all of them."""
     rules = {"repeat": repeat_proposer(block_size), "copy": copy_proposer(block_size)}
     per_prompt = {name: [0.0] * len(prompts) for name in ("drafter", *rules)}
-    near_ties, looping = 0, set()
-    for index, greedy, logits in greedy_continuations(target, prompts, new_tokens):
-        prompt = prompts[index]
-        walked, per_forward = walk(target, drafter, prompt, new_tokens, block_size, layer_ids)
-        if not check_lossless(walked, greedy, logits, dtype):
-            near_ties += 1
-        if degenerate(walked):
-            looping.add(index)
-        # A near-tie walk differs from the greedy continuation past the tie: the rules then follow the walk's
-        # tokens, which the target verified.
-        for name, propose in rules.items():
-            per_forward_rule = rule_walk(propose, prompt, walked, new_tokens)
-            per_prompt[name][index] = sum(per_forward_rule) / len(per_forward_rule) if per_forward_rule else 1.0
-        per_prompt["drafter"][index] = sum(per_forward) / len(per_forward) if per_forward else 1.0
+    near_ties, looping, agree = 0, set(), 0
+    continuations = padded_greedy(target, prompts, new_tokens)
+    device = next(target.parameters()).device
+    head = target.get_output_embeddings()
+    width = max(map(len, prompts)) + new_tokens
+    blocks = block_proposer(drafter)
+    for start in range(0, len(prompts), WALK_BATCH):
+        indices = range(start, min(start + WALK_BATCH, len(prompts)))
+        sequences = [list(prompts[i]) + continuations[i] for i in indices]
+        padded = torch.tensor([seq + [0] * (width - len(seq)) for seq in sequences], device=device)
+        with recorded_taps(target, layer_ids) as states:  # right padding: causal, so no row position sees it
+            hidden = target.model(input_ids=padded, use_cache=False).last_hidden_state  # (rows, S, H)
+            context = states()
+        walks = walk_along(blocks, padded, context, [len(prompts[i]) for i in indices], new_tokens, block_size)
+        for row, index in enumerate(indices):
+            prompt, greedy = prompts[index], continuations[index]
+            logits = head(hidden[row]).float()  # (S, V): one row's at a time (64 rows of 49K-token logits: 2.5 GB)
+            tie = not check_full_forward(logits, sequences[row], len(prompt), new_tokens, dtype)
+            if index < verified:
+                walked, per_forward = walk(target, drafter, prompt, new_tokens, block_size, layer_ids)
+                tie |= not check_lossless(walked, greedy, logits[len(prompt) - 1:], dtype)
+                agree += per_forward == walks[row]
+            near_ties += tie
+            if degenerate(greedy):
+                looping.add(index)
+            for name, propose in rules.items():
+                per_forward_rule = rule_walk(propose, prompt, greedy, new_tokens)
+                per_prompt[name][index] = sum(per_forward_rule) / len(per_forward_rule) if per_forward_rule else 1.0
+            per_prompt["drafter"][index] = sum(walks[row]) / len(walks[row]) if walks[row] else 1.0
 
     counted = [i for i in range(len(prompts)) if i not in looping] or list(range(len(prompts)))
 
@@ -260,6 +372,7 @@ def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, bl
     return {"walk_tau": mean(per_prompt["drafter"]), "walk_repeat_tau": mean(per_prompt["repeat"]),
             "walk_copy_tau": mean(per_prompt["copy"]), "walk_prompts": len(prompts), "walk_new_tokens": new_tokens,
             "walk_degenerate": len(looping), "walk_counted": len(counted), "walk_near_ties": near_ties,
+            "walk_verified": min(verified, len(prompts)), "walk_verified_agree": agree,
             "walk_method": WALK_METHOD,
             "walk_tau_by_prompt": [round(tau, 3) for tau in per_prompt["drafter"]]}
 

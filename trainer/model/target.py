@@ -240,8 +240,9 @@ def tapped_states(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     Either way no document sees another.
     """
     if doc_ids is not None and not _has_sliding_layers(model):
-        # A ready mask mapping goes to the layers as is: no dense mask is built.
-        attention_mask = {"full_attention": target_attention.document_mask(doc_ids)}
+        # A ready mask goes to the layers as is (transformers passes a 4-D mask or BlockMask through; a mask
+        # mapping only models with sliding layers take): no dense mask is built.
+        attention_mask = target_attention.document_mask(doc_ids)
     with recorded_taps(model, layer_ids) as states:
         up_to_layer(model, max(layer_ids))(input_ids=input_ids, attention_mask=attention_mask,
                                            position_ids=position_ids, use_cache=False)

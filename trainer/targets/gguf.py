@@ -29,6 +29,11 @@ def convert(gguf: Path, out: Path) -> dict:
     except (ValueError, OSError, KeyError, RuntimeError) as exc:
         raise TrainerInputError(f"{gguf} could not be read as a GGUF model ({str(exc)[:300]})") from None
     check_family(model.config)
+    # Newer transformers (5.17 here) keep a GGUF model marked quantized and refuse to save it, though its weights
+    # are dequantized floats by now: the marks go, so it saves as the plain model it is.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     out.mkdir(parents=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

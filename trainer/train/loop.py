@@ -448,7 +448,8 @@ class Trainer:
         self._write(row)
         self.log(f"walk step {row['step']}: tau {row['walk_tau']:.2f} (repeat-anchor {row['walk_repeat_tau']:.2f}, "
                  f"copy {row['walk_copy_tau']:.2f}) over {row['walk_counted']} prompts x {row['walk_new_tokens']} "
-                 f"tokens, lossless ({row['walk_near_ties']} near-ties)")
+                 f"tokens ({row['walk_verified']} verified block by block: lossless, {row['walk_verified_agree']} "
+                 f"accepting what the batched walk did; {row['walk_near_ties']} near-ties)")
         if row["walk_degenerate"]:
             left = ("left out of these figures" if row["walk_counted"] < row["walk_prompts"] else
                     "every prompt: the figures are over them all and measure the loop, not the drafter")
