@@ -43,7 +43,7 @@ def test_the_newest_transformers_trains_walks_and_exports(warm_cache_root, tmp_p
     env = dict(os.environ, ENVKIT_CACHE_DIR=str(tmp_path / "cache"), ENVKIT_RUNS_DIR=str(tmp_path / "runs"),
                ENVKIT_HOME=str(tmp_path / "home"))
     config = tmp_path / "short.json"
-    config.write_text(json.dumps({"preset": "tiny", "steps": 200, "walk_prompts": 4, "walk_new_tokens": 32,
+    config.write_text(json.dumps({"preset": "tiny", "steps": 40, "walk_prompts": 4, "walk_new_tokens": 32,
                                   "data": {"num_sequences": 128, "eval_sequences": 8}}))
     proc = run_envkit("train", "--profile", "cpu-newest", "--config", str(config), "--name", "newest", env=env,
                       timeout=1200)
