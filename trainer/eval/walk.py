@@ -11,8 +11,10 @@ prompt + continuation gives every state any step of the walk reads. So the walk 
 (`walk_along`), every prompt's step in one drafter forward, with the continuations decoded together
 (`padded_greedy`): 64 prompts cost about 96 + 40 batched forwards, not 64 x 140 single ones. The first
 `VERIFIED_PROMPTS` prompts are also walked as an engine runs it (`walk`: the target verifies each block with its
-KV cache, rejected positions cropped), checked lossless and against the batched walk's acceptance: a mismatch is
-a bug, except at a near-tie of the target's two best logits, where forwards of different shapes round apart.
+KV cache, rejected positions cropped) and checked lossless: a divergence is a bug, except at a near-tie of the
+target's two best logits, where forwards of different shapes round apart. Their acceptance is compared with the
+batched walk's and the prompts that agree are counted (all of them in float32 on CPU; in bf16 the two paths'
+states round apart too, so a draft may differ).
 """
 
 from __future__ import annotations
