@@ -4,8 +4,8 @@
 
 OLD_WALK.py: trainer/eval/walk.py as an earlier commit had it (`git show COMMIT:trainer/eval/walk.py > OLD_WALK.py`);
 it stands in for the trainer's walk module for the "before" figures. Both walks run in this process on one loaded
-checkpoint (after first, then before), each timed around `Trainer.evaluate_walk`, the device synchronised. Prints one
-JSON line: seconds and the walk's figures for each, and the speed-up.
+checkpoint (after first, then before), each timed around `Trainer.evaluate_walk`, the device synchronised. Prints the
+after figures as soon as they are measured, then one JSON line with both and the speed-up.
 """
 
 from __future__ import annotations
