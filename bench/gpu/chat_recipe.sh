@@ -4,7 +4,8 @@
 # 800 instructions answered by it (the device's Python 3.12 stdlib has 880 documented public functions), the
 # chat drafter trained on the answers, walked on 64 held-out instructions;
 # then the walk of this commit beside the walk of .before/walk.py (an earlier commit's), the same checkpoint
-# (the earlier walk took 240 s on an H100).
+# (the earlier walk took 240 s on an H100). Before the call: `mkdir -p .before && git show 9289080:trainer/eval/walk.py
+# > .before/walk.py`, .before ignored through .git/info/exclude and named in the call's carry with .gguf/part-ab and .whl.
 source bench/gpu/env.sh
 timeout ${LIMIT:-420} python3 bench/gpu/chat_recipe.py --gguf-parts /tmp/stash/part-* .gguf/part-* --work /tmp/chat \
   --out "$OUT" --steps ${STEPS:-1000} --train ${TRAIN:-800} 2> "$OUT/chat.log"
