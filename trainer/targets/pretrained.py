@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainer.common.errors import TrainerInputError
-from trainer.common.files import file_sha256, follow_umask
+from trainer.common.files import file_sha256
 from trainer.targets import maketarget
 
 
@@ -66,16 +64,3 @@ def find(name: str) -> Path:
     maketarget.check_built(out)
     return out
 
-
-def install(converted: Path, out: Path, record: dict) -> dict:
-    """Move a finished conversion into place, its digests recorded first (outside the dir, as a build's are)."""
-    record = record | {"files": maketarget._file_digests(converted)}
-    (converted / maketarget.TARGET_MANIFEST).write_text(json.dumps(record, indent=2) + "\n")
-    follow_umask(converted)
-    maketarget._remember(out, record)
-    try:
-        os.rename(converted, out)
-    except OSError:
-        shutil.rmtree(converted, ignore_errors=True)
-        raise
-    return record
