@@ -21,7 +21,7 @@ from trainer.common.errors import TrainerInputError
 from trainer.common.files import atomic_write, loads_json, read_json_file, read_json_record
 from trainer.common.notices import filter_known_notices
 from trainer.common.records import headline
-from trainer.config.schema import TrainConfig, resolve
+from trainer.config.schema import PRESETS, TrainConfig, resolve
 from trainer.export.place import check_out
 from trainer.train.faults import Faults
 from trainer.train.launcher import close_distributed, launch, pin_local_gpu, wants_launch
@@ -431,7 +431,7 @@ def main(argv=None) -> int:
              "prepare": "tokenize a data file once into a memory-mapped token store that runs reuse (JSON with --json)"}
     for name in ("train", "warmup", "describe", "prepare"):
         p = sub.add_parser(name, allow_abbrev=False, help=helps[name], description=helps[name])
-        p.add_argument("--preset", help="tiny (default) | code | qwen3_8b")
+        p.add_argument("--preset", help=" | ".join(PRESETS) + " (tiny the default)")
         p.add_argument("--config", help="a JSON config: a full one (a run's config.json), or a preset's changes "
                                         "({\"preset\": \"tiny\", \"steps\": 50}); flags override it")
         p.add_argument("--out", required=name in ("train", "warmup"), help="run directory (metrics.jsonl, checkpoint.pt)")

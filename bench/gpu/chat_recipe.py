@@ -1,17 +1,23 @@
 """The chat recipe on the device: SmolLM2-135M-Instruct answering instructions, its drafter trained on those
 answers, walked on held-out instructions through the chat template.
 
-    python bench/gpu/chat_recipe.py --gguf-parts .gguf/part-* --work /tmp/chat --out $OUT [--train 1024] [--steps 1000]
+    python bench/gpu/chat_recipe.py --gguf-parts .gguf/part-* --work /tmp/chat --out $OUT [--train 8000]
+        [--steps 3000] [--batch-size 16] [--run NAME]
 
 The GGUF travels in parts (the device carries 64 MiB a call): a call with --stash only copies the parts it was given
-into --work; the next call joins them. The answers are the target's greedy answers, generated here in batches with
-transformers (no serving engine on the device); on CPU the same answers come through `envkit serve` and
-`envkit data regenerate` (tests/envkit/test_chat_target.py). Figures go to OUT/chat_recipe.json.
+into --work; the next call joins them. The training instructions are drawn evenly from every kind
+`envkit data instructions --kind` writes (trainer/data/corpus.py), the held-out ones are the walk's kind,
+"Write a Python function", from held-out files. The answers are the target's greedy answers, generated here in
+batches with transformers (no serving engine on the device); on CPU the same answers come through `envkit serve`
+and `envkit data regenerate` (tests/envkit/test_chat_target.py). They are kept in --work (and a copy in OUT), so a
+later call on the same machine trains another run (--run) on them without answering again. Figures go to
+OUT/chat_recipe-RUN.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import shutil
@@ -36,15 +42,19 @@ def answers(target: Path, instructions: list[str], max_new_tokens: int, batch: i
     device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script itself
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).to(device).eval()
     started = time.perf_counter()
-    out = []
-    for start in range(0, len(instructions), batch):
-        chats = [[{"role": "user", "content": text}] for text in instructions[start:start + batch]]
-        rendered = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats]
-        enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False) for text in instructions]
+    order = sorted(range(len(rendered)), key=lambda i: len(rendered[i]))  # batches of like lengths pad little
+    out: list[str] = [""] * len(rendered)
+    for start in range(0, len(order), batch):
+        chosen = order[start:start + batch]
+        enc = tokenizer([rendered[i] for i in chosen], return_tensors="pt", padding=True,
+                        add_special_tokens=False).to(device)
         with torch.no_grad():
             generated = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
-        for row in generated[:, enc["input_ids"].shape[1]:]:
-            out.append(tokenizer.decode(row, skip_special_tokens=True))
+        for i, row in zip(chosen, generated[:, enc["input_ids"].shape[1]:]):
+            out[i] = tokenizer.decode(row, skip_special_tokens=True)
+        print(f"answered {min(start + batch, len(order))} of {len(order)}", file=sys.stderr, flush=True)
     return out, time.perf_counter() - started
 
 
@@ -54,10 +64,18 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/chat"))
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--stash", action="store_true")
-    parser.add_argument("--train", type=int, default=1024)
+    parser.add_argument("--train", type=int, default=8000, help="training instructions (at most all there are)")
     parser.add_argument("--held-out", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--answer-tokens", type=int, default=256)
+    parser.add_argument("--answer-batch", type=int, default=384)
+    parser.add_argument("--run", default="run", help="the run's name: its dir under --work and its figures' file")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--anchors", type=int, default=32)
+    parser.add_argument("--drafter-layers", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--train-seconds", type=float, default=None,
+                        help="stop training after this long and walk its last checkpoint (a call has 10 minutes)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     for part in args.gguf_parts or []:
@@ -69,11 +87,11 @@ def main() -> None:
     from trainer.data import corpus
     from trainer.targets.gguf import convert
 
-    figures: dict = {}
+    figures: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
     args.out.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after each phase: a call cut short still brings back what it measured
-        (args.out / "chat_recipe.json").write_text(json.dumps(figures, indent=2))
+        (args.out / f"chat_recipe-{args.run}.json").write_text(json.dumps(figures, indent=2))
 
     target = args.work / "target"
     if not target.exists():
@@ -84,34 +102,51 @@ def main() -> None:
         started = time.perf_counter()
         figures["convert"] = convert(gguf, target) | {"seconds": round(time.perf_counter() - started, 1)}
         save()
-    train_texts = corpus.instructions(False, args.train, seed=0)
+    pool = corpus.instruction_pool(False, corpus.INSTRUCTION_KINDS)
+    train_texts = corpus.instructions(False, min(args.train, len(pool)), 0, corpus.INSTRUCTION_KINDS)
     held_texts = corpus.instructions(True, args.held_out, seed=0)
-    answered, seconds = answers(target, train_texts, args.answer_tokens, batch=128)
-    figures["answers"] = {"rows": len(answered), "seconds": round(seconds, 1),
-                          "empty": sum(not text.strip() for text in answered),
-                          "with_def": sum("def " in text for text in answered), "example": answered[0][:400]}
-    save()
-    data = args.work / "answers.jsonl"
-    data.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": q},
-                                                          {"role": "assistant", "content": a}]}) + "\n"
-                            for q, a in zip(train_texts, answered)))
+    data = args.work / f"answers-{len(train_texts)}.jsonl"
+    if not data.exists():  # answered by an earlier call on this machine: the same instructions, the same answers
+        answered, seconds = answers(target, train_texts, args.answer_tokens, batch=args.answer_batch)
+        figures["answers"] = {"rows": len(answered), "pool": len(pool), "seconds": round(seconds, 1),
+                              "empty": sum(not text.strip() for text in answered),
+                              "with_def": sum("def " in text for text in answered), "example": answered[0][:400]}
+        save()
+        rows = "".join(json.dumps({"conversations": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+                       + "\n" for q, a in zip(train_texts, answered))
+        data.with_suffix(".part").write_text(rows)
+        data.with_suffix(".part").rename(data)
+        (args.out / "answers.jsonl.gz").write_bytes(gzip.compress(rows.encode()))
     held = args.work / "held-out.jsonl"
     held.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": q}]}) + "\n" for q in held_texts))
-    config = args.work / "chat_gpu.json"
-    config.write_text(json.dumps({"preset": "chat", "steps": args.steps, "dtype": "bfloat16", "attention": "sdpa",
-                                  "compile": False, "walk_prompts": args.held_out, "walk_new_tokens": 96,
-                                  "data": {"buckets": [256, 512]}}))
-    run = args.work / "run"
+    config = args.work / f"{args.run}.json"
+    config.write_text(json.dumps({"preset": "chat", "steps": args.steps, "batch_size": args.batch_size,
+                                  "num_anchors": args.anchors, "lr": args.lr, "drafter": {"num_layers": args.drafter_layers},
+                                  "dtype": "bfloat16", "attention": "sdpa", "compile": False,
+                                  "walk_prompts": args.held_out, "walk_new_tokens": 96, "data": {"buckets": [256, 512]}}))
+    figures["config"] = json.loads(config.read_text())
+    run = args.work / args.run
     shutil.rmtree(run, ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=f"{PROJECT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     started = time.perf_counter()
-    train = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config), "--target", str(target),
-                            "--data", str(data), "--out", str(run)], capture_output=True, text=True, env=env)
+    log = (args.work / f"{args.run}.log").open("w")
+    train = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--config", str(config), "--target",
+                              str(target), "--data", str(data), "--out", str(run)], stdout=log, stderr=log, env=env)
+    try:
+        train.wait(timeout=args.train_seconds)
+    except subprocess.TimeoutExpired:  # the last checkpoint (every 500 steps) is walked
+        train.terminate()
+        train.wait()
+    log.close()
     figures["train"] = {"exit": train.returncode, "seconds": round(time.perf_counter() - started, 1),
-                        "tail": train.stdout[-1500:] + train.stderr[-1500:]}
+                        "tail": (args.work / f"{args.run}.log").read_text()[-3000:]}
     save()
-    if train.returncode == 0:
+    if (run / "metrics.jsonl").exists():  # the teacher-forced evals on the way (a run cut short has no summary)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"eval": true' in line]
+        figures["evals"] = [{k: row.get(k) for k in ("step", "acceptance_length", "baseline_copy_tau", "method")} for row in rows]
+    if (run / "summary.json").exists():
         figures["summary"] = json.loads((run / "summary.json").read_text())
+    if (run / "checkpoint.pt").exists():
         started = time.perf_counter()
         walked = subprocess.run([sys.executable, "-m", "trainer", "eval", "--ckpt", str(run / "checkpoint.pt"),
                                  "--walk", "--prompts", str(held)], capture_output=True, text=True, env=env)

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Issue 52, the chat recipe in one call (the GGUF's first part stashed by the call before, bench/gpu/code_small_recipe.sh
-# with STASH=.gguf/part-aa): SmolLM2-135M-Instruct converted from the joined parts (the gguf wheel carried in .whl/),
-# 800 instructions answered by it (the device's Python 3.12 stdlib has 880 documented public functions), the
-# chat drafter trained on the answers, walked on 64 held-out instructions;
-# then the walk of this commit beside the walk of .before/walk.py (an earlier commit's), the same checkpoint
-# (the earlier walk took 240 s on an H100). Before the call: `mkdir -p .before && git show 9289080:trainer/eval/walk.py
-# > .before/walk.py`, .before ignored through .git/info/exclude and named in the call's carry with .gguf/part-ab and .whl.
+# Issue 52, the chat recipe on the device, in calls on one warm machine (the device carries 64 MiB a call and the
+# GGUF is 93 MB):
+#   STASH=1 bash bench/gpu/chat_recipe.sh    carry .gguf/part-aa: it is copied to /tmp/chat, outside the tree
+#   bash bench/gpu/chat_recipe.sh            carry .gguf/part-ab and .whl (the gguf wheel): SmolLM2-135M-Instruct
+#       converted from the joined parts, TRAIN instructions of every kind answered by it, the chat drafter trained
+#       STEPS steps on the answers (RUN names the run), walked on 64 held-out "Write a Python function" instructions
+#   RUN=b STEPS=... LAYERS=... bash bench/gpu/chat_recipe.sh   a later call: another run on the same answers
+# BEFORE=.before/walk.py (an earlier commit's trainer/eval/walk.py, carried) also times that walk beside this one on
+# the run's checkpoint (bench/walk_before_after.py).
 source bench/gpu/env.sh
-timeout ${LIMIT:-420} python3 bench/gpu/chat_recipe.py --gguf-parts /tmp/stash/part-* .gguf/part-* --work /tmp/chat \
-  --out "$OUT" --steps ${STEPS:-1000} --train ${TRAIN:-800} 2> "$OUT/chat.log"
+if [ -n "${STASH:-}" ]; then
+  python3 bench/gpu/chat_recipe.py --gguf-parts .gguf/part-* --work /tmp/chat --stash; exit
+fi
+parts=$(ls .gguf/part-* 2>/dev/null)
+timeout ${LIMIT:-560} python3 bench/gpu/chat_recipe.py ${parts:+--gguf-parts $parts} --work /tmp/chat --out "$OUT" \
+  --train ${TRAIN:-8000} --run ${RUN:-run} --steps ${STEPS:-3000} --batch-size ${BATCH:-16} \
+  --drafter-layers ${LAYERS:-2} --train-seconds ${TRAIN_SECONDS:-300} 2> "$OUT/chat-${RUN:-run}.log"
 echo "exit $?"
-timeout 330 python3 bench/walk_before_after.py --ckpt /tmp/chat/run/checkpoint.pt --prompts /tmp/chat/held-out.jsonl \
-  --before .before/walk.py > "$OUT/walk_before_after.json" 2> "$OUT/walk_before_after.log"
-echo "exit $?"; cat "$OUT/walk_before_after.json"; tail -3 "$OUT/walk_before_after.log"
+if [ -n "${BEFORE:-}" ]; then
+  timeout 330 python3 bench/walk_before_after.py --ckpt /tmp/chat/${RUN:-run}/checkpoint.pt \
+    --prompts /tmp/chat/held-out.jsonl --before "$BEFORE" > "$OUT/walk_before_after.json" 2> "$OUT/walk_before_after.log"
+  echo "exit $?"; cat "$OUT/walk_before_after.json"
+fi

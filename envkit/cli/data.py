@@ -11,6 +11,8 @@ import click
 from envkit.cli.app import as_dict, main, print_json
 from envkit.cli.options import check_preset_choice, profile_option, training_venv_from_options, venv_option
 from envkit.support.text import printable
+from trainer.common.errors import TrainerInputError
+from trainer.data.corpus import INSTRUCTION_KINDS
 
 
 @main.group("data")
@@ -144,13 +146,20 @@ def _template_kwargs(text: str | None) -> dict | None:
 @click.option("--count", type=click.IntRange(1), default=1024, show_default=True)
 @click.option("--held-out", is_flag=True, help="From the held-out files (what the walk measures on), not the training ones.")
 @click.option("--seed", type=int, default=0, show_default=True)
-def data_instructions_command(out_path, count, held_out, seed):
-    """Instructions for a chat target, derived from this interpreter's standard library: "Write a Python function
-    `NAME(SIGNATURE)`: DOCSTRING" as `conversations` rows (one user turn) for `envkit data regenerate`."""
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(INSTRUCTION_KINDS), default=["function"],
+              show_default=True, help="Repeat for several: function, method and class (write it), tests (write "
+              "tests for a function), explain (a function's code shown). The walk measures on function.")
+def data_instructions_command(out_path, count, held_out, seed, kinds):
+    """Instructions for a chat target, derived from this interpreter's standard library, as `conversations` rows
+    (one user turn) for `envkit data regenerate`: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" and, with
+    --kind, the other kinds a code assistant is asked, drawn evenly from all instructions of those kinds."""
     from trainer.common.files import atomic_write
     from trainer.data import corpus
 
-    texts = corpus.instructions(held_out, count, seed)
+    try:
+        texts = corpus.instructions(held_out, count, seed, tuple(dict.fromkeys(kinds)))
+    except TrainerInputError as exc:
+        raise click.BadParameter(f"{exc}; lower it or add a --kind", param_hint="--count") from None
     atomic_write(Path(out_path), "".join(json.dumps({"conversations": [{"role": "user", "content": text}]}) + "\n"
                                          for text in texts))
     click.echo(printable(f"{out_path}: {len(texts):,} instructions from the {'held-out' if held_out else 'training'} "

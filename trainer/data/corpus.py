@@ -89,9 +89,9 @@ def prompts(tokenizer, held_out: bool, count: int, length: int, seed: int) -> li
     return out
 
 
-def _functions(held_out: bool):
-    """(the file's lines, function node) for every function of the training files (or the held-out ones), in file
-    order."""
+def _definitions(held_out: bool):
+    """(the file's lines, node, the class it is a method of or None) for every function and class of the training
+    files (or the held-out ones), in file order."""
     import ast
 
     for file in (f for f in files() if f.held_out == held_out):
@@ -101,9 +101,21 @@ def _functions(held_out: bool):
         except (SyntaxError, ValueError):
             continue
         lines = source.splitlines(keepends=True)
+        owners = {id(child): node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                  for child in node.body}
         for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield lines, node
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield lines, node, owners.get(id(node))
+
+
+def _functions(held_out: bool):
+    """(the file's lines, function node) for every function of the training files (or the held-out ones), in file
+    order."""
+    import ast
+
+    for lines, node, _owner in _definitions(held_out):
+        if not isinstance(node, ast.ClassDef):
+            yield lines, node
 
 
 def _sample(found: list[str], count: int, seed: int, what: str) -> list[str]:
@@ -134,22 +146,57 @@ def function_openings(held_out: bool, count: int, seed: int, max_chars: int = 60
     return _sample(found, count, seed, "docstring-led functions")
 
 
-def instructions(held_out: bool, count: int, seed: int) -> list[str]:
-    """`count` instructions a user gives a chat model, derived from docstring-led functions of the training files
-    (or the held-out ones), reproducibly for a seed: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" with
-    the docstring's first paragraph (public functions with arguments, so the instruction says what to write)."""
-    import ast
+# What a user asks a code assistant, one template per kind; "function" alone is what the walk measures on.
+INSTRUCTION_KINDS = ("function", "method", "class", "tests", "explain")
+EXPLAINED_MAX_CHARS = 600  # the code shown with "explain": its answer still fits the chat preset's 512-token rows
 
-    found = []
-    for _lines, node in _functions(held_out):
-        if (not isinstance(node, ast.FunctionDef) or node.name.startswith("_") or not node.args.args
-                or node.args.args[0].arg in ("self", "cls")):  # a function, not a method
-            continue
+
+def instruction_pool(held_out: bool, kinds: tuple[str, ...] = ("function",)) -> list[str]:
+    """Every instruction of these kinds that the training files (or the held-out ones) give, sorted, each once:
+    - function: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" (public functions with arguments, so the
+      instruction says what to write; the docstring's first paragraph);
+    - method: "Write the method `CLASS.NAME(SIGNATURE)` of a Python class `CLASS`: DOCSTRING";
+    - class: "Write a Python class `NAME`: DOCSTRING";
+    - tests: "Write pytest unit tests for the Python function `NAME(SIGNATURE)`, which does this: DOCSTRING";
+    - explain: "Explain what this Python function does:" and a short function's code (public or not)."""
+    import ast
+    import textwrap
+
+    unknown = sorted(set(kinds) - set(INSTRUCTION_KINDS))
+    if unknown or not kinds:
+        raise TrainerInputError(f"unknown instruction kind {unknown[0] if unknown else '(none given)'}; known: "
+                                f"{', '.join(INSTRUCTION_KINDS)}")
+    found = set()
+    for lines, node, owner in _definitions(held_out):
         docstring = ast.get_docstring(node)
         summary = " ".join(docstring.split("\n\n")[0].split()) if docstring else ""
-        if not 20 <= len(summary) <= 300:
+        documented = 20 <= len(summary) <= 300
+        if "explain" in kinds and not isinstance(node, ast.ClassDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            code = textwrap.dedent("".join(lines[first - 1:node.end_lineno]))
+            if len(node.body) > 1 and len(code) <= EXPLAINED_MAX_CHARS:
+                found.add(f"Explain what this Python function does:\n\n```python\n{code.rstrip()}\n```")
+        if not documented or node.name.startswith("_"):
+            continue
+        if isinstance(node, ast.ClassDef):
+            if "class" in kinds:
+                found.add(f"Write a Python class `{node.name}`: {summary}")
             continue
         arguments = ast.unparse(node.args)
-        if len(arguments) <= 80:
-            found.append(f"Write a Python function `{node.name}({arguments})`: {summary}")
-    return _sample(sorted(set(found)), count, seed, "documented public functions")
+        if not isinstance(node, ast.FunctionDef) or len(arguments) > 80 or not node.args.args:
+            continue
+        if node.args.args[0].arg not in ("self", "cls"):  # a function, not a method
+            if "function" in kinds:
+                found.add(f"Write a Python function `{node.name}({arguments})`: {summary}")
+            if "tests" in kinds:
+                found.add(f"Write pytest unit tests for the Python function `{node.name}({arguments})`, which does "
+                          f"this: {summary}")
+        elif "method" in kinds and owner and not owner.startswith("_"):
+            found.add(f"Write the method `{owner}.{node.name}({arguments})` of a Python class `{owner}`: {summary}")
+    return sorted(found)
+
+
+def instructions(held_out: bool, count: int, seed: int, kinds: tuple[str, ...] = ("function",)) -> list[str]:
+    """`count` instructions a user gives a chat model (instruction_pool's), drawn reproducibly for a seed."""
+    what = "documented public functions" if kinds == ("function",) else f"instructions of kinds {', '.join(kinds)}"
+    return _sample(instruction_pool(held_out, kinds), count, seed, what)
