@@ -2,7 +2,7 @@
 answers, walked on held-out instructions through the chat template.
 
     python bench/gpu/chat_recipe.py --gguf-parts .gguf/part-* --work /tmp/chat --out $OUT [--train 8000]
-        [--steps 3000] [--batch-size 16] [--run NAME]
+        [--steps N] [--batch-size B] [--drafter-layers L] [--run NAME]
 
 The GGUF travels in parts (the device carries 64 MiB a call): a call with --stash only copies the parts it was given
 into --work; the next call joins them. The training instructions are drawn evenly from every kind
@@ -69,11 +69,10 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=256)
     parser.add_argument("--answer-batch", type=int, default=384)
     parser.add_argument("--run", default="run", help="the run's name: its dir under --work and its figures' file")
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--anchors", type=int, default=32)
-    parser.add_argument("--drafter-layers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    # The chat preset's own unless given (trainer/config/schema.py).
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--drafter-layers", type=int)
     parser.add_argument("--train-seconds", type=float, default=None,
                         help="stop training after this long and walk its last checkpoint (a call has 10 minutes)")
     args = parser.parse_args()
@@ -120,10 +119,11 @@ def main() -> None:
     held = args.work / "held-out.jsonl"
     held.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": q}]}) + "\n" for q in held_texts))
     config = args.work / f"{args.run}.json"
-    config.write_text(json.dumps({"preset": "chat", "steps": args.steps, "batch_size": args.batch_size,
-                                  "num_anchors": args.anchors, "lr": args.lr, "drafter": {"num_layers": args.drafter_layers},
-                                  "dtype": "bfloat16", "attention": "sdpa", "compile": False,
-                                  "walk_prompts": args.held_out, "walk_new_tokens": 96, "data": {"buckets": [256, 512]}}))
+    given = {"steps": args.steps, "batch_size": args.batch_size, "drafter": args.drafter_layers and
+             {"num_layers": args.drafter_layers}}
+    config.write_text(json.dumps({"preset": "chat", "dtype": "bfloat16", "attention": "sdpa", "compile": False,
+                                  "walk_prompts": args.held_out, "walk_new_tokens": 96,
+                                  **{k: v for k, v in given.items() if v}}))
     figures["config"] = json.loads(config.read_text())
     run = args.work / args.run
     shutil.rmtree(run, ignore_errors=True)

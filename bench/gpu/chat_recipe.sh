@@ -4,7 +4,8 @@
 #   STASH=1 bash bench/gpu/chat_recipe.sh    carry .gguf/part-aa: it is copied to /tmp/chat, outside the tree
 #   bash bench/gpu/chat_recipe.sh            carry .gguf/part-ab and .whl (the gguf wheel): SmolLM2-135M-Instruct
 #       converted from the joined parts, TRAIN instructions of every kind answered by it, the chat drafter trained
-#       STEPS steps on the answers (RUN names the run), walked on 64 held-out "Write a Python function" instructions
+#       on the answers (RUN names the run; STEPS, BATCH, LAYERS: the preset's unless set), walked on 64 held-out
+#       "Write a Python function" instructions
 #   RUN=b STEPS=... LAYERS=... bash bench/gpu/chat_recipe.sh   a later call: another run on the same answers
 # BEFORE=.before/walk.py (an earlier commit's trainer/eval/walk.py, carried) also times that walk beside this one on
 # the run's checkpoint (bench/walk_before_after.py).
@@ -14,8 +15,8 @@ if [ -n "${STASH:-}" ]; then
 fi
 parts=$(ls .gguf/part-* 2>/dev/null)
 timeout ${LIMIT:-560} python3 bench/gpu/chat_recipe.py ${parts:+--gguf-parts $parts} --work /tmp/chat --out "$OUT" \
-  --train ${TRAIN:-8000} --run ${RUN:-run} --steps ${STEPS:-3000} --batch-size ${BATCH:-16} \
-  --drafter-layers ${LAYERS:-2} --train-seconds ${TRAIN_SECONDS:-300} 2> "$OUT/chat-${RUN:-run}.log"
+  --train ${TRAIN:-8000} --run ${RUN:-run} ${STEPS:+--steps $STEPS} ${BATCH:+--batch-size $BATCH} \
+  ${LAYERS:+--drafter-layers $LAYERS} ${TRAIN_SECONDS:+--train-seconds $TRAIN_SECONDS} 2> "$OUT/chat-${RUN:-run}.log"
 echo "exit $?"
 if [ -n "${BEFORE:-}" ]; then
   timeout 330 python3 bench/walk_before_after.py --ckpt /tmp/chat/${RUN:-run}/checkpoint.pt \

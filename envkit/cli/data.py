@@ -146,9 +146,9 @@ def _template_kwargs(text: str | None) -> dict | None:
 @click.option("--count", type=click.IntRange(1), default=1024, show_default=True)
 @click.option("--held-out", is_flag=True, help="From the held-out files (what the walk measures on), not the training ones.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--kind", "kinds", multiple=True, type=click.Choice(INSTRUCTION_KINDS), default=["function"],
+@click.option("--kind", "kinds", multiple=True, type=click.Choice((*INSTRUCTION_KINDS, "all")), default=["function"],
               show_default=True, help="Repeat for several: function, method and class (write it), tests (write "
-              "tests for a function), explain (a function's code shown). The walk measures on function.")
+              "tests for a function), explain (a function's code shown), or all. The walk measures on function.")
 def data_instructions_command(out_path, count, held_out, seed, kinds):
     """Instructions for a chat target, derived from this interpreter's standard library, as `conversations` rows
     (one user turn) for `envkit data regenerate`: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" and, with
@@ -157,7 +157,8 @@ def data_instructions_command(out_path, count, held_out, seed, kinds):
     from trainer.data import corpus
 
     try:
-        texts = corpus.instructions(held_out, count, seed, tuple(dict.fromkeys(kinds)))
+        texts = corpus.instructions(held_out, count, seed,
+                                    INSTRUCTION_KINDS if "all" in kinds else tuple(dict.fromkeys(kinds)))
     except TrainerInputError as exc:
         raise click.BadParameter(f"{exc}; lower it or add a --kind", param_hint="--count") from None
     atomic_write(Path(out_path), "".join(json.dumps({"conversations": [{"role": "user", "content": text}]}) + "\n"

