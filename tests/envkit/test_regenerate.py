@@ -219,9 +219,11 @@ def test_a_trickling_peer_is_held_to_its_deadline_and_ctrl_c_does_not_wait(serve
 
     slow, _ = servers("--delay", "600")
     out = tmp_path / "slow.jsonl"
+    # Ctrl-C as at a terminal: a suite started in the background of a shell script inherits SIGINT ignored (POSIX),
+    # and a Python started so leaves it ignored, which once made this test hang.
     proc = subprocess.Popen([sys.executable, "-m", "envkit", "data", "regenerate", "--server", slow, "--data",
                              str(prompts), "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # SIGABRT prints every thread's stack
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not out.with_name("slow.jsonl.manifest.json").exists():
         time.sleep(0.05)
     time.sleep(0.5)
@@ -229,11 +231,7 @@ def test_a_trickling_peer_is_held_to_its_deadline_and_ctrl_c_does_not_wait(serve
     assert "being written by another" in one_line_error(second)
     interrupted = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    try:
-        _, stderr = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:  # seen once in a fresh clone's suite, not reproduced since: show where it hangs
-        proc.send_signal(signal.SIGABRT)
-        pytest.fail(f"Ctrl-C did not stop regenerate within 30 s:\n{proc.communicate(timeout=30)[1][-6000:]}")
+    _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "Interrupted." in stderr and time.monotonic() - interrupted < 10
     assert manifest(out)["status"] == "interrupted"
 
