@@ -111,8 +111,9 @@ def main() -> None:
                               "empty": sum(not text.strip() for text in answered),
                               "with_def": sum("def " in text for text in answered), "example": answered[0][:400]}
         save()
-        rows = "".join(json.dumps({"conversations": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-                       + "\n" for q, a in zip(train_texts, answered))
+        rows = "".join(json.dumps({"conversations": [{"role": "user", "content": q},
+                                                     {"role": "assistant", "content": a}]}) + "\n"
+                       for q, a in zip(train_texts, answered))
         data.with_suffix(".part").write_text(rows)
         data.with_suffix(".part").rename(data)
         (args.out / "answers.jsonl.gz").write_bytes(gzip.compress(rows.encode()))
@@ -143,7 +144,8 @@ def main() -> None:
     save()
     if (run / "metrics.jsonl").exists():  # the teacher-forced evals on the way (a run cut short has no summary)
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"eval": true' in line]
-        figures["evals"] = [{k: row.get(k) for k in ("step", "acceptance_length", "baseline_copy_tau", "method")} for row in rows]
+        figures["evals"] = [{k: row.get(k) for k in ("step", "acceptance_length", "baseline_copy_tau", "method")}
+                            for row in rows]
     if (run / "summary.json").exists():
         figures["summary"] = json.loads((run / "summary.json").read_text())
     if (run / "checkpoint.pt").exists():

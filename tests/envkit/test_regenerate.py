@@ -222,8 +222,8 @@ def test_a_trickling_peer_is_held_to_its_deadline_and_ctrl_c_does_not_wait(serve
     # Ctrl-C as at a terminal: a suite started in the background of a shell script inherits SIGINT ignored (POSIX),
     # and a Python started so leaves it ignored, which once made this test hang.
     proc = subprocess.Popen([sys.executable, "-m", "envkit", "data", "regenerate", "--server", slow, "--data",
-                             str(prompts), "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             str(prompts), "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not out.with_name("slow.jsonl.manifest.json").exists():
         time.sleep(0.05)
     time.sleep(0.5)
