@@ -25,7 +25,7 @@ from envkit.support.text import printable
 from envkit.trainer_process import trainer_command, trainer_env
 from envkit.venv import Venv
 from trainer.common.errors import TrainerInputError
-from trainer.common.files import exclusive_lock, file_sha256
+from trainer.common.files import ExclusiveLock, file_sha256
 from trainer.targets import maketarget, pretrained
 
 CONVERT_PROFILE = "convert-cpu"
@@ -77,7 +77,7 @@ def _ensure(name: str, origin: dict, make, quiet: bool) -> TargetResult:
     out = pretrained.target_path(name, origin["source"])
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with exclusive_lock(out.parent / f".{out.name}.lock"):  # two runs fetch it once
+        with ExclusiveLock(out.parent / f".{out.name}.lock"):  # two runs fetch it once
             reused = out.exists()
             if not reused:
                 _make(name, origin, out, make, quiet)

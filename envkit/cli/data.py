@@ -11,8 +11,7 @@ import click
 from envkit.cli.app import as_dict, main, print_json
 from envkit.cli.options import check_preset_choice, profile_option, training_venv_from_options, venv_option
 from envkit.support.text import printable
-from trainer.common.errors import TrainerInputError
-from trainer.data.corpus import INSTRUCTION_KINDS
+from trainer.data import INSTRUCTION_KINDS
 
 
 @main.group("data")
@@ -153,6 +152,7 @@ def data_instructions_command(out_path, count, held_out, seed, kinds):
     """Instructions for a chat target, derived from this interpreter's standard library, as `conversations` rows
     (one user turn) for `envkit data regenerate`: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" and, with
     --kind, the other kinds a code assistant is asked, drawn evenly from all instructions of those kinds."""
+    from trainer.common.errors import TrainerInputError
     from trainer.common.files import atomic_write
     from trainer.data import corpus
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from envkit.errors import RunError
 from envkit.support.fsops import write_json_atomic
 from envkit.support.text import printable
-from trainer.common.files import exclusive_lock, read_json_file
+from trainer.common.files import ExclusiveLock, read_json_file
 
 RUN_JSON = "run.json"
 CONFIG_JSON = "config.json"
@@ -52,7 +52,7 @@ def _locked(run_dir: Path):
     """One read-change-write of run.json at a time, across processes (a supervisor, `serve --stop`, a launcher):
     without it, two writers each write back a record without the other's change."""
     try:
-        lock = exclusive_lock(run_dir / RUN_LOCK)
+        lock = ExclusiveLock(run_dir / RUN_LOCK)
     except ValueError as exc:  # the lock file refused; what the block raises passes as it is
         raise RunError(f"{exc}") from None
     with lock:

@@ -95,7 +95,7 @@ def test_the_batched_walk_accepts_what_the_verified_walk_accepts(target):
     cfg = tiny_config()
     drafter = build_drafter(cfg.drafter, cfg.target, num_taps=2).eval()
     head = target.get_output_embeddings().weight
-    trained_kind = walk.drafter_proposer(drafter, SdpaAttention, target.get_input_embeddings().weight, head,
+    trained_kind = walk.DrafterProposer(drafter, SdpaAttention, target.get_input_embeddings().weight, head,
                                          mask_token_id=3, dtype=torch.float32)
 
     def oracle(tokens, context):  # right from the continuation while it is shown exactly the states before its anchor

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.common.errors import TrainerInputError
+from trainer.data import INSTRUCTION_KINDS
 
 # Directories of the stdlib that are not the library itself (tests, demos, bundled installers, GUI)
 # or not ours at all (site-packages holds whatever the machine installed).
@@ -146,8 +147,6 @@ def function_openings(held_out: bool, count: int, seed: int, max_chars: int = 60
     return _sample(found, count, seed, "docstring-led functions")
 
 
-# What a user asks a code assistant, one template per kind; "function" alone is what the walk measures on.
-INSTRUCTION_KINDS = ("function", "method", "class", "tests", "explain")
 EXPLAINED_MAX_CHARS = 600  # the code shown with "explain": its answer still fits the chat preset's 512-token rows
 
 

@@ -166,11 +166,6 @@ class DrafterProposer:
         return self.blocks(torch.tensor([tokens]), context[:, :anchor], torch.tensor([anchor]))[0].tolist()
 
 
-def drafter_proposer(drafter, attention, embed_weight: torch.Tensor, head_weight: torch.Tensor, mask_token_id: int,
-                     dtype: torch.dtype, zero_context: bool = False) -> DrafterProposer:
-    return DrafterProposer(drafter, attention, embed_weight, head_weight, mask_token_id, dtype, zero_context)
-
-
 @dataclass
 class Forward:
     """One verification forward of a walk: the drafted block, how much of it the target accepted, and the

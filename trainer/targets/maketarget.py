@@ -27,7 +27,7 @@ from pathlib import Path
 
 from trainer.common.errors import TrainerInputError
 from trainer.data import corpus
-from trainer.common.files import (atomic_write, envkit_home, exclusive_lock, file_sha256, follow_umask,
+from trainer.common.files import (atomic_write, envkit_home, ExclusiveLock, file_sha256, follow_umask,
                                   permission_problem, read_json_record)
 from trainer.common.hf_logging import quiet_transformers
 
@@ -178,7 +178,7 @@ def ensure(name: str, log=print) -> Path:
     if not out.exists():
         root.mkdir(parents=True, exist_ok=True)
         try:
-            lock = exclusive_lock(root / f".{name}-{key}.lock")
+            lock = ExclusiveLock(root / f".{name}-{key}.lock")
         except ValueError as exc:
             raise TrainerInputError(str(exc)) from None
         with lock:

@@ -377,7 +377,7 @@ class Trainer:
     def _drafter_proposer(self, zero_context: bool = False):
         replica = self.setup.replica
         replica.drafter.eval()
-        return walk.drafter_proposer(replica.drafter, EVAL_ATTENTION, replica.embed_weight, replica.head_weight,
+        return walk.DrafterProposer(replica.drafter, EVAL_ATTENTION, replica.embed_weight, replica.head_weight,
                                      self.setup.mask_token_id, self.setup.dtype,
                                      zero_context=zero_context or self.cfg.drafter.context == "zeros")
 
