@@ -1,12 +1,14 @@
 """The spread of every figure a model learns in the test suite, over fresh runs: the margins its assertions carry are
 chosen from it (tests/README.md), so that CI never rejects good work at random.
 
-    .venv/bin/python bench/learned_figures.py --runs 5 [--tests NODEID ...] [--out figures.jsonl]
+    .venv/bin/python bench/learned_figures.py --seeds 0 1 2 3 4 [--runs 1] [--tests NODEID ...] [--out figures.jsonl]
 
 Each run is pytest on the learned-figure tests in a fresh base temp: a fresh cpu venv, fresh targets (code_tiny
-trained anew), fresh trained runs and a fresh serve venv, as CI builds them. The tests append what they measured
-to $ENVKIT_TEST_FIGURES (tests/helpers.py: record_figure); this prints, per figure, each run's values and the
-min / median / max of the ratio each assertion checks.
+trained anew), fresh trained runs and a fresh serve venv, as CI builds them. On one machine a seed's runs are
+bit-identical; another machine's rounding takes training elsewhere, as another seed does, so each seed
+(ENVKIT_TEST_SEED: the targets' and the drafters' seeds, tests/helpers.py) stands for another machine. The tests
+append what they measured to $ENVKIT_TEST_FIGURES (tests/helpers.py: record_figure); this prints, per figure,
+each run's values and the min / median / max of the ratio each assertion checks.
 """
 
 from __future__ import annotations
@@ -42,14 +44,14 @@ RATIOS = {
 }
 
 
-def run_once(index: int, tests: list[str], figures: Path) -> float:
+def run_once(index: int, seed: int, tests: list[str], figures: Path) -> float:
     base = Path(tempfile.mkdtemp(prefix=f"envkit-figures-{index}-"))
-    env = dict(os.environ, ENVKIT_TEST_FIGURES=str(figures))
+    env = dict(os.environ, ENVKIT_TEST_FIGURES=str(figures), ENVKIT_TEST_SEED=str(seed))
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p",
                            "no:cacheprovider", "--basetemp", str(base), *tests], cwd=PROJECT, env=env)
     seconds = time.monotonic() - started
-    print(f"run {index}: pytest exit {proc.returncode} in {seconds:.0f}s", flush=True)
+    print(f"run {index} (seed {seed}): pytest exit {proc.returncode} in {seconds:.0f}s", flush=True)
     subprocess.run(["rm", "-rf", str(base)])
     return seconds
 
@@ -58,9 +60,10 @@ def summarize(figures: Path) -> None:
     rows = [json.loads(line) for line in figures.read_text().splitlines() if line.strip()]
     for name, (label, ratio) in RATIOS.items():
         values = [ratio(row) for row in rows if row["figure"] == name]
+        seeds = [row.get("seed", 0) for row in rows if row["figure"] == name]
         if not values:
             continue
-        print(f"\n{name} ({label}), {len(values)} runs")
+        print(f"\n{name} ({label}), {len(values)} runs, seeds {seeds}")
         columns = list(zip(*values)) if isinstance(values[0], tuple) else [values]
         for column in columns:
             shown = ", ".join(f"{v:.2f}" for v in column)
@@ -69,14 +72,15 @@ def summarize(figures: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="one machine's stand-ins")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each seed (bit-identical on one machine)")
     parser.add_argument("--tests", nargs="*", default=TESTS)
     parser.add_argument("--out", type=Path, default=Path("learned-figures.jsonl"))
     parser.add_argument("--summarize", action="store_true", help="only print the summary of --out")
     args = parser.parse_args()
     if not args.summarize:
-        for index in range(args.runs):
-            run_once(index, args.tests, args.out.absolute())
+        for index, seed in enumerate(seed for seed in args.seeds for _ in range(args.runs)):
+            run_once(index, seed, args.tests, args.out.absolute())
     summarize(args.out)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from helpers import CODE_RUN_STEPS, EAGER, ONE_STEP, build_wheel, run_envkit, run_trainer, write_profile
+from helpers import CODE_RUN_STEPS, EAGER, ONE_STEP, build_wheel, preset_args, run_envkit, run_trainer, write_profile
 
 # `make test` runs two workers on two cores: one torch thread each, here and in every process a test starts
 # (two-thread processes side by side on two cores spin waiting for each other's cores).
@@ -120,8 +120,8 @@ def tiny_run(tmp_path_factory, cpu_venv, warm_cache_root):
     the trained drafter the random-target ablation reads)."""
     def train(tmp: Path) -> None:
         shutil.copytree(warm_cache_root, tmp / "cache", symlinks=True)
-        proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "tiny", "--name", "tiny", env=_run_env(tmp),
-                          timeout=1200)
+        proc = run_envkit("train", "--venv", str(cpu_venv), *preset_args(tmp, "tiny"), "--name", "tiny",
+                          env=_run_env(tmp), timeout=1200)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         (tmp / "stdout.txt").write_text(proc.stdout)
     tmp = built_once(tmp_path_factory, "tiny-run", train)
@@ -133,8 +133,8 @@ def code_run(tmp_path_factory, cpu_venv):
     """`envkit train --preset code` in a home with no target yet: the first run builds code_tiny, which the serve
     tests then serve (one build for both)."""
     def train(tmp: Path) -> None:
-        proc = run_envkit("train", "--venv", str(cpu_venv), "--preset", "code", "--name", "code", "--", "--steps",
-                          str(CODE_RUN_STEPS), EAGER, env=_run_env(tmp), timeout=1800)
+        proc = run_envkit("train", "--venv", str(cpu_venv), *preset_args(tmp, "code"), "--name", "code", "--",
+                          "--steps", str(CODE_RUN_STEPS), EAGER, env=_run_env(tmp), timeout=1800)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         (tmp / "output.txt").write_text(proc.stdout + proc.stderr)
     tmp = built_once(tmp_path_factory, "code-run", train)

@@ -403,10 +403,10 @@ def cmd_make_target(args) -> int:
 
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731  (stdout is the JSON result)
     if args.out:
-        record = maketarget.build(args.recipe, Path(args.out), log=log)
+        record = maketarget.build(args.recipe, Path(args.out), seed=args.seed, log=log)
         out = Path(args.out).absolute()
     else:
-        out = maketarget.ensure(args.recipe, log=log)
+        out = maketarget.ensure(args.recipe, args.seed, log=log)
         record = maketarget.check_built(out)
     summary = {k: record[k] for k in ("recipe", "key", "parameters", "train_loss", "held_out_loss", "seconds")}
     print(json.dumps({"out": str(out), **summary, "held_out_files": record["corpus"]["held_out_files"],
@@ -495,6 +495,7 @@ def main(argv=None) -> int:
                                            "sources (the `code` preset's target)")
     p.add_argument("--recipe", default="code_tiny", help="code_tiny (CPU, ~1 min) | code_small (one GPU)")
     p.add_argument("--out", help="directory to create (default: built once into $ENVKIT_HOME/targets and reused)")
+    p.add_argument("--seed", type=int, default=0, help="the weights' and batches' seed (0: the recipe as shipped)")
     p = sub.add_parser("convert-gguf", help="dequantize a GGUF model file into a Hugging Face model dir (safetensors, "
                                             "tokenizer, chat template); needs the convert-cpu lock's gguf and accelerate")
     p.add_argument("--gguf", required=True, help="the .gguf file")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CODE_RUN_STEPS as RUN_STEPS, EAGER, PROJECT, record_figure, run_envkit
+from helpers import CODE_RUN_STEPS as RUN_STEPS, EAGER, PROJECT, TEST_SEED, record_figure, run_envkit, seeded
 from trainer.data import corpus
 
 
@@ -59,8 +59,8 @@ def test_a_second_code_run_reuses_the_target_and_a_changed_one_is_refused(code_r
     built = (target_dir / "model.safetensors").stat().st_mtime_ns
     # The preset with less data and a short walk.
     config = tmp_path / "short.json"
-    config.write_text(json.dumps({"preset": "code", "walk_prompts": 2, "walk_new_tokens": 16,
-                                  "data": {"num_sequences": 64, "eval_sequences": 4}}))
+    config.write_text(json.dumps(seeded({"preset": "code", "walk_prompts": 2, "walk_new_tokens": 16,
+                                         "data": {"num_sequences": 64, "eval_sequences": 4}})))
     proc = run_envkit("train", "--venv", str(cpu_venv), "--config", str(config), "--name", "again", "--",
                       "--steps", "5", EAGER, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -71,7 +71,8 @@ def test_a_second_code_run_reuses_the_target_and_a_changed_one_is_refused(code_r
     original = tokenizer.read_bytes()
     try:
         tokenizer.write_bytes(original.replace(b'"<|mask|>"', b'"<|MASK|>"'))
-        proc = subprocess.run([sys.executable, "-m", "trainer", "make-target", "--recipe", "code_tiny"],
+        proc = subprocess.run([sys.executable, "-m", "trainer", "make-target", "--recipe", "code_tiny",
+                               "--seed", str(TEST_SEED)],
                               capture_output=True, text=True, cwd=PROJECT, env=env)
         assert proc.returncode == 1 and "changed since it was built ('tokenizer.json')" in proc.stderr, proc.stderr
     finally:
@@ -242,6 +243,18 @@ def test_text_data_and_corpus_prompts(tmp_path):
         return any(doc[i:i + len(prompt)] == prompt for doc in documents for i in range(len(doc) - len(prompt) + 1))
 
     assert all(cut_from(p, held_ids) for p in first)
+
+
+def test_a_recipe_built_from_another_seed_is_another_target():
+    """target.seed (make-target --seed) moves a recipe's weights and batches: its own key, so its own dir; seed 0
+    is the recipe as shipped, and an existing code_tiny keeps its key."""
+    from trainer.targets import maketarget
+
+    digest = "0" * 64
+    shipped = maketarget.recipe_key("code_tiny", digest)
+    assert maketarget.recipe("code_tiny") == maketarget.RECIPES["code_tiny"]
+    assert maketarget.recipe_key("code_tiny", digest, 0) == shipped
+    assert maketarget.recipe("code_tiny", 3).seed == 3 and maketarget.recipe_key("code_tiny", digest, 3) != shipped
 
 
 def test_the_target_lock_never_follows_a_planted_link(tmp_path, monkeypatch):

@@ -112,7 +112,6 @@ class ExclusiveLock:
         os.close(self.fd)
 
 
-
 def envkit_home() -> Path:
     """ENVKIT_HOME as envkit resolves it (default $XDG_DATA_HOME/envkit): built targets and token stores live there."""
     home = os.environ.get("ENVKIT_HOME")

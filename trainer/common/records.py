@@ -84,7 +84,7 @@ class Summary(TypedDict):
     teacher_forced_beats_baselines: bool
     tokens_per_s: float | None
     useful_tokens_per_s: float | None
-    pad_fraction: float | None
+    pad_fraction: float | None  # of every position this process's steps processed (tokens_per_s: the last step's)
     recompiles: int
     eager_fallbacks: int
     graph_breaks: int

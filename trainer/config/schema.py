@@ -28,7 +28,7 @@ class TargetConfig:
     # Random targets are near-uniform; scaling the embeddings makes their outputs peaked enough to learn from.
     embedding_scale: float = 1.0
     mask_token_id: int | None = None  # None: the tokenizer's mask token, or the last vocab id for presets
-    seed: int = 0
+    seed: int = 0  # a random target's weights; a recipe's build (0: the recipe as shipped, another its own dir)
 
 
 @dataclass

@@ -36,7 +36,7 @@ def target_dir(cfg: TargetConfig, log=print) -> str | None:
     if cfg.recipe in pretrained.PRETRAINED:
         return str(pretrained.find(cfg.recipe))
     if cfg.recipe:
-        return str(maketarget.ensure(cfg.recipe, log=log))
+        return str(maketarget.ensure(cfg.recipe, cfg.seed, log=log))
     return None
 
 

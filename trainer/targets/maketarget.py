@@ -68,10 +68,11 @@ RECIPES = {
 }
 
 
-def recipe(name: str) -> Recipe:
+def recipe(name: str, seed: int = 0) -> Recipe:
+    """The named recipe, its weights and batches drawn from `seed` (0: the recipe as shipped)."""
     if name not in RECIPES:
         raise TrainerInputError(f"unknown target recipe {name!r}; known: {', '.join(RECIPES)}")
-    return RECIPES[name]
+    return dataclasses.replace(RECIPES[name], seed=seed)
 
 
 def targets_dir() -> Path:
@@ -79,8 +80,9 @@ def targets_dir() -> Path:
     return envkit_home() / "targets"
 
 
-def recipe_key(name: str, corpus_digest: str) -> str:
-    spec = json.dumps({"name": name, **dataclasses.asdict(recipe(name)), "corpus": corpus_digest}, sort_keys=True)
+def recipe_key(name: str, corpus_digest: str, seed: int = 0) -> str:
+    spec = json.dumps({"name": name, **dataclasses.asdict(recipe(name, seed)), "corpus": corpus_digest},
+                      sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
@@ -165,14 +167,14 @@ def install(built: Path, out: Path, record: dict) -> dict:
 _checked: dict[tuple[str, Path], Path] = {}  # what this process already found built and intact
 
 
-def ensure(name: str, log=print) -> Path:
-    """The cached target of a recipe: built on first use (under a lock, so ranks and runs build it once),
-    checked once per process (setup, the tokenizer and the export card all ask for it)."""
-    if (name, targets_dir()) in _checked:
-        return _checked[name, targets_dir()]
-    chosen = recipe(name)
+def ensure(name: str, seed: int = 0, log=print) -> Path:
+    """The cached target of a recipe built from `seed`: built on first use (under a lock, so ranks and runs build
+    it once), checked once per process (setup, the tokenizer and the export card all ask for it)."""
+    if (name, seed, targets_dir()) in _checked:
+        return _checked[name, seed, targets_dir()]
+    chosen = recipe(name, seed)
     files = corpus.files()
-    key = recipe_key(name, corpus.digest(files))
+    key = recipe_key(name, corpus.digest(files), seed)
     root = targets_dir()
     out = root / f"{name}-{key}"
     if not out.exists():
@@ -184,9 +186,9 @@ def ensure(name: str, log=print) -> Path:
         with lock:
             if not out.exists():
                 log(f"target {name}: not built yet on this machine; building it once into {out} ({chosen.description})")
-                build(name, out, log=log, corpus_files=files)
+                build(name, out, seed=seed, log=log, corpus_files=files)
     check_built(out)
-    _checked[name, root] = out
+    _checked[name, seed, root] = out
     return out
 
 
@@ -249,14 +251,14 @@ def _autocast(chosen: Recipe, device):
     return torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda" and dtype != torch.float32)
 
 
-def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) -> dict:
+def build(name: str, out: Path, *, seed: int = 0, log=print, corpus_files: list | None = None) -> dict:
     """Train the recipe's tokenizer and model on the corpus's training files and write an HF model dir at
     `out` (atomically: a temporary sibling renamed into place). Returns the build record."""
     import torch
 
 
     quiet_transformers()
-    chosen = recipe(name)
+    chosen = recipe(name, seed)
     device = torch.device(chosen.device if chosen.device == "cpu" or torch.cuda.is_available() else "cpu")
     if chosen.device == "cuda" and device.type != "cuda":
         raise TrainerInputError(f"recipe {name} trains on a GPU and this machine has none; use code_tiny on CPU")
@@ -313,7 +315,7 @@ def build(name: str, out: Path, *, log=print, corpus_files: list | None = None) 
         model.to("cpu").save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         record = {
-            "recipe": name, **dataclasses.asdict(chosen), "key": recipe_key(name, corpus.digest(files)),
+            "recipe": name, **dataclasses.asdict(chosen), "key": recipe_key(name, corpus.digest(files), seed),
             "corpus": {"source": "python stdlib", "python": sys.version.split()[0], "root": str(corpus.stdlib_root()),
                        "digest": corpus.digest(files), "train_files": len(train_files), "held_out_files": len(held_files),
                        "train_tokens": len(stream), "held_out_tokens": len(held_stream),

@@ -108,6 +108,7 @@ class Trainer:
                      f"{self.cfg.batch_size} rows a step): {self.cfg.steps} steps")
         self.peak_rss_by_rank: dict[str, int] = {}  # set at the end of train(), every rank's
         self.rows_seen = 0  # training rows (not padding rows) trained so far, summed over ranks and replicas
+        self.positions_done = self.useful_done = 0  # this process's steps: the summary's padding, not one step's
         state = self._resume_state(resume or self.restarts > 0)
         if state is not None and resume and not self.restarts and state["step"] >= self.cfg.steps:
             raise TrainerInputError(f"checkpoint {self.out_dir / CHECKPOINT} is at step {state['step']}, the run's "
@@ -208,6 +209,8 @@ class Trainer:
         devices = [replica.device for replica in self.setup.replicas]
         peak = peak_memory(devices[0]) if len(devices) == 1 else {str(d): peak_memory(d) for d in devices}
         self.rows_seen += result.stats.get("rows", 0)
+        self.positions_done += result.positions
+        self.useful_done += result.useful_tokens
         return StepRow(step=result.step, loss=round(result.loss, 5), epoch=(result.step - 1) // self.steps_per_epoch,
                        rows_seen=self.rows_seen, peak_rss_bytes=peak_rss(),
                        **throughput(result.positions, result.useful_tokens, seconds), **result.stats,
@@ -421,7 +424,9 @@ class Trainer:
                 "teacher_forced_beats_baselines": tau > max(final_eval["baseline_repeat_tau"],
                                                             final_eval["baseline_copy_tau"]),
                 "tokens_per_s": last_row.get("tokens_per_s"), "useful_tokens_per_s": last_row.get("useful_tokens_per_s"),
-                "pad_fraction": last_row.get("pad_fraction"), "recompiles": last_row.get("recompiles", 0),
+                "pad_fraction": round(1 - self.useful_done / self.positions_done, 4) if self.positions_done
+                else None,
+                "recompiles": last_row.get("recompiles", 0),
                 "eager_fallbacks": last_row.get("eager_fallbacks", 0), "graph_breaks": last_row.get("graph_breaks", 0),
                 "world_size": self.dist.get_world_size() if self.dist else 1, "restarts": self.restarts,
                 "epochs": self.step_count / self.steps_per_epoch, "rows_seen": self.rows_seen,
