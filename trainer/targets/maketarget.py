@@ -69,10 +69,10 @@ RECIPES = {
 
 
 def recipe(name: str, seed: int = 0) -> Recipe:
-    """The named recipe, its weights and batches drawn from `seed` (0: the recipe as shipped)."""
+    """The named recipe, its weights and batches drawn from `seed` (0: the recipe as shipped, its own seed kept)."""
     if name not in RECIPES:
         raise TrainerInputError(f"unknown target recipe {name!r}; known: {', '.join(RECIPES)}")
-    return dataclasses.replace(RECIPES[name], seed=seed)
+    return dataclasses.replace(RECIPES[name], seed=seed) if seed else RECIPES[name]
 
 
 def targets_dir() -> Path:
