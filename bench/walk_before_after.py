@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--before", required=True, help="an earlier commit's trainer/eval/walk.py")
     args = parser.parse_args()
 
-    from trainer.__main__ import _walk_prompts
+    from trainer.cli.cmd_eval import walk_prompts
     from trainer.config.schema import TrainConfig
     from trainer.train import checkpoint, loop
 
@@ -51,7 +51,7 @@ def main() -> None:
     cfg = TrainConfig.from_dict(state["config"])
     cfg.data.num_sequences = min(cfg.data.num_sequences, cfg.batch_size)  # as `eval` does: held-out data only
     cfg.attention, cfg.compile = "sdpa", False
-    prompts = _walk_prompts(args.prompts, cfg)
+    prompts = walk_prompts(args.prompts, cfg)
     trainer = loop.Trainer.sequential(cfg, Path(args.ckpt).parent, log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)
 

@@ -27,3 +27,7 @@ class CacheError(EnvkitError):
 
 class RunError(EnvkitError):
     """A training run could not be started or found."""
+
+
+class RegenError(EnvkitError):
+    """Regeneration stopped or refused: a bad row, a file changed under it, servers gone; what was settled is kept."""

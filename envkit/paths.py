@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from envkit.support.trainer_helpers import envkit_home
+
 # The checkout that holds envkit/, trainer/ and lockfiles/ (envkit is installed editable).
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROFILE = "cpu"  # runs anywhere: tests, laptops, the demo
@@ -17,9 +19,9 @@ def _env_path(name: str, default: Path) -> Path:
 
 
 def home_dir() -> Path:
-    """Where managed venvs live: ENVKIT_HOME, default ~/.local/share/envkit."""
-    xdg = _env_path("XDG_DATA_HOME", Path.home() / ".local" / "share")
-    return _env_path("ENVKIT_HOME", xdg / "envkit")
+    """Where managed venvs, built targets and token stores live: ENVKIT_HOME, default ~/.local/share/envkit (the
+    trainer resolves it for itself, so there is one resolver)."""
+    return envkit_home()
 
 
 def venvs_dir() -> Path:

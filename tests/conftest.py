@@ -9,13 +9,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
-from helpers import CODE_RUN_STEPS, EAGER, ONE_STEP, build_wheel, preset_args, run_envkit, run_trainer, write_profile
+from helpers import (CODE_RUN_STEPS, EAGER, ONE_STEP, build_wheel, built_once, preset_args, run_envkit, run_trainer,
+                     write_profile)
 
 # `make test` runs two workers on two cores: one torch thread each, here and in every process a test starts
 # (two-thread processes side by side on two cores spin waiting for each other's cores).
@@ -36,22 +35,6 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if getattr(config, "cxx_cache", None):
         shutil.rmtree(config.cxx_cache, ignore_errors=True)
-
-
-def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
-    """The directory `name`, built by `build` once for the whole run. Under pytest-xdist (`make test` runs two
-    workers) every worker's base temp shares one parent: the first worker to get here builds while the others
-    wait on the lock, then all read the same directory (copy it before you write)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    path, built = shared / name, shared / f"{name}.built"
-    with FileLock(f"{path}.lock"):
-        if not built.exists():
-            shutil.rmtree(path, ignore_errors=True)  # a worker that failed half way leaves nothing to trust
-            path.mkdir()
-            build(path)
-            built.touch()
-    return path
 
 
 @pytest.fixture(autouse=True)
@@ -207,8 +190,9 @@ INTEGRATION_FIXTURES = {"wheelhouse", "test_lock"}
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "code_run" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("code_run"))
+        for shared in ("code_run", "served_chat"):  # one worker builds it and runs every test that reads it
+            if shared in item.fixturenames:
+                item.add_marker(pytest.mark.xdist_group(shared))
         if item.get_closest_marker("e2e") or item.get_closest_marker("integration"):
             continue
         needs = set(item.fixturenames)

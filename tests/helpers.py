@@ -12,7 +12,10 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+
+from filelock import FileLock
 
 PROJECT = Path(__file__).resolve().parent.parent  # tests/helpers.py -> the project
 
@@ -179,3 +182,19 @@ def fake_run(run_dir: Path, venv: str, **fields) -> Path:
     (run_dir / "run.json").write_text(json.dumps({"name": run_dir.name, "status": "finished", "venv": venv, **fields}))
     (run_dir / "checkpoint.pt").write_bytes(b"not read before the venv is trusted")
     return run_dir
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The directory `name`, built by `build` once for the whole run. Under pytest-xdist (`make test` runs two
+    workers) every worker's base temp shares one parent: the first worker to get here builds while the others
+    wait on the lock, then all read the same directory (copy it before you write)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path, built = shared / name, shared / f"{name}.built"
+    with FileLock(f"{path}.lock"):
+        if not built.exists():
+            shutil.rmtree(path, ignore_errors=True)  # a worker that failed half way leaves nothing to trust
+            path.mkdir()
+            build(path)
+            built.touch()
+    return path

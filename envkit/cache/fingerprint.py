@@ -10,12 +10,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from envkit.cache.key import CACHE_SUBDIRS, compile_root, untrusted_message
-from envkit.cache.trust import tree_problems
+from envkit.support.trust import tree_problems
 from envkit.errors import CacheError
 from envkit.support.fsops import write_json_atomic
-from envkit.venv import Venv
-from trainer.common.files import file_sha256
-from trainer.common.files import read_json_file
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import file_sha256
+from envkit.support.trainer_helpers import read_json_file
 
 FINGERPRINT = "fingerprint.json"
 

@@ -12,11 +12,11 @@ import shlex
 from pathlib import Path
 
 from envkit import paths
-from envkit.cache.trust import permission_problem, tree_problems
+from envkit.support.trust import permission_problem, tree_problems
 from envkit.errors import CacheError
-from envkit.trainer_process import run_trainer, trainer_args, trainer_env
-from envkit.trainer_source import trainer_digest
-from envkit.venv import Venv
+from envkit.trainerproc.process import run_trainer, trainer_args, trainer_env
+from envkit.trainerproc.source import trainer_digest
+from envkit.venv.managed import Venv
 
 CACHE_SUBDIRS = ("inductor", "triton")
 

@@ -32,9 +32,9 @@ from envkit.errors import CacheError
 from envkit.support.fsops import exchange
 from envkit.support.safeio import UnsafeFile, read_bytes
 from envkit.support.text import printable
-from envkit.trainer_process import run_trainer, trainer_env
-from envkit.venv import Venv
-from trainer.common.files import atomic_write, file_sha256, loads_json
+from envkit.trainerproc.process import run_trainer, trainer_env
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import atomic_write, file_sha256, loads_json
 
 EXPORT_HEADER = "envkit-cache.json"
 EXPORT_BLOB = "mega-cache.bin"

@@ -9,8 +9,8 @@ from pathlib import Path
 from envkit.cache.fingerprint import read_fingerprint
 from envkit.cache.key import compile_root
 from envkit.errors import CacheError
-from envkit.installed import installed_versions
-from envkit.venv import Venv
+from envkit.venv.installed import installed_versions
+from envkit.venv.managed import Venv
 
 
 def _tree_size(root: Path) -> int:

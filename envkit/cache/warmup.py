@@ -15,7 +15,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from envkit import selftest
+from envkit.trainerproc import hazard_proof as selftest
 from envkit.cache.fingerprint import (
     Verification,
     compare,
@@ -27,15 +27,15 @@ from envkit.cache.fingerprint import (
 from envkit.cache.key import compile_root, ensure_private_dir, env_key, key_parts
 from envkit.errors import CacheError
 from envkit.support.text import printable
-from envkit.trainer_process import (
+from envkit.trainerproc.process import (
     trainer_args,
     trainer_command,
     trainer_env,
     trainer_failure,
 )
-from envkit.trainer_source import trainer_digest
-from envkit.venv import Venv
-from trainer.common.children import die_with_parent
+from envkit.trainerproc.source import trainer_digest
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import die_with_parent
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The command line: one module per command group; each parses, calls one library function and renders.
+"""The command line: one module per command group; each parses, calls one library function and renders. It may
+import every room; none imports it.
 
 Importing this package registers every command on `main` (the `envkit` entry point). Each command imports the
 library code it calls inside its function, so `envkit --help` and a plain doctor load only what they run."""

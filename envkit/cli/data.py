@@ -9,9 +9,12 @@ from pathlib import Path
 import click
 
 from envkit.cli.app import as_dict, main, print_json
-from envkit.cli.options import check_preset_choice, profile_option, training_venv_from_options, venv_option
+from envkit.cli.options import (check_preset_choice, config_option, preset_option, profile_option,
+                                training_venv_from_options, venv_option)
+from envkit.support.outpath import checked_output
 from envkit.support.text import printable
-from trainer.data import INSTRUCTION_KINDS
+from envkit.support.trainer_helpers import (INSTRUCTION_KINDS, TrainerInputError, atomic_write, instructions,
+                                           parse_template_kwargs)
 
 
 @main.group("data")
@@ -24,9 +27,8 @@ def data_group():
               help="JSONL (input_ids/loss_mask, text, conversations) or a plain text file.")
 @venv_option
 @profile_option
-@click.option("--preset", metavar="NAME", help="The run's preset (its target decides the tokenizer and vocabulary).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), metavar="FILE",
-              help="The run's JSON config instead of --preset.")
+@preset_option  # the run's: its target decides the tokenizer and vocabulary
+@config_option
 @click.option("--tokenizer", metavar="DIR", help="Tokenizer for text and conversations (default: the target's).")
 @click.option("--chat-template-kwargs", metavar="JSON", help='E.g. \'{"enable_thinking": false}\'.')
 @click.option("--skip-bad", is_flag=True, help="Count and skip malformed lines instead of stopping at the first.")
@@ -40,7 +42,7 @@ def data_prepare_command(data_path, venv_path, profile_name, preset, config_path
     `envkit train -- --data PATH` with the same inputs reuses it, a changed input is a new store.
     Runs in worker processes on every core, with progress; a bad line names FILE:LINE.
     """
-    from envkit.dataprep import prepare
+    from envkit.trainerproc.prepare import prepare
 
     check_preset_choice(preset, config_path)
     venv = training_venv_from_options(venv_path, profile_name, "data prepare")
@@ -102,14 +104,15 @@ def data_regenerate_command(servers, data_path, out_path, model, turns, concurre
     A kill leaves whole rows; --resume continues from the last checkpoint and gives the files an uninterrupted
     run gives. Then: `envkit train ... -- --data OUT.jsonl`.
     """
-    from envkit.regen.job import RegenRequest, regenerate
+    from envkit.regen.regenerate import regenerate
+    from envkit.regen.request import RegenRequest
 
     urls = tuple(url for url in servers.split(",") if url.strip())
     if not urls:
         raise click.BadParameter("give at least one URL", param_hint="--server")
     if resume and retry_failed:
         raise click.BadParameter("give --resume or --retry-failed, not both", param_hint="--retry-failed")
-    request = RegenRequest(urls, Path(data_path), Path(out_path), model, concurrency, max_tokens, temperature,
+    request = RegenRequest(urls, Path(data_path), checked_output(out_path), model, concurrency, max_tokens, temperature,
                            _template_kwargs(chat_template_kwargs), resume, retries,
                            connect_timeout_s=connect_timeout, request_timeout_s=request_timeout, turns=turns,
                            max_failures=max_failures, retry_failed=retry_failed)
@@ -123,21 +126,89 @@ def data_regenerate_command(servers, data_path, out_path, model, turns, concurre
                          f"manifest {result.manifest}"))
 
 
+@data_group.command("synthesize")
+@click.option("--server", "servers", required=True, metavar="URL[,URL...]",
+              help="OpenAI-compatible servers of the target (envkit serve, SGLang, vLLM, transformers serve).")
+@click.option("--tokenizer", required=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="The served model's dir (or its tokenizer's): its chat template decides where a user turn begins "
+                   "and ends.")
+@click.option("--count", type=int, required=True, metavar="N", help="Unique prompts to write.")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), metavar="OUT.jsonl",
+              help="The prompts; OUT.train.jsonl and OUT.held-out.jsonl (split by digest), OUT.jsonl.errors.jsonl "
+                   "and OUT.jsonl.manifest.json beside it.")
+@click.option("--turns", type=click.IntRange(1, 16), default=1, show_default=True, metavar="K",
+              help="User turns a row holds: follow-ups written given the conversation so far (the target answering "
+                   "between them), then all answered anew by `data regenerate`.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Attempt k samples with a seed drawn from this.")
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
+              help="A user message's length; one cut by it is unfinished, not kept.")
+@click.option("--min-chars", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--max-chars", type=click.IntRange(min=1), default=4000, show_default=True)
+@click.option("--max-attempts", type=click.IntRange(min=1), metavar="N", help="Samples to draw at most (default 8 x --count).")
+@click.option("--held-out", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
+              help="The share of prompts, chosen by their digest, in OUT.held-out.jsonl.")
+@click.option("--model", metavar="ID", help="The model id the servers list (default: the one they all serve).")
+@click.option("--concurrency", type=click.IntRange(1, 1024), default=8, show_default=True,
+              help="Requests in flight per server.")
+@click.option("--chat-template-kwargs", metavar="JSON", help='Used to cut the template and sent with answers, e.g. '
+                                                             '\'{"enable_thinking": false}\'.')
+@click.option("--resume", is_flag=True, help="Continue OUT after its last checkpoint (same template and sampling).")
+@click.option("--connect-timeout", type=click.FloatRange(min=0, max=86400), default=60, show_default=True, metavar="S",
+              help="How long, in all, to wait for each server's /v1/models to answer at the start.")
+@click.option("--request-timeout", type=click.FloatRange(min=1, max=86400), default=600, show_default=True, metavar="S")
+@venv_option
+@profile_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def data_synthesize_command(servers, tokenizer, count, out_path, turns, seed, temperature, top_p, max_tokens, min_chars,
+                            max_chars, max_attempts, held_out, model, concurrency, chat_template_kwargs, resume,
+                            connect_timeout, request_timeout, venv_path, profile_name, as_json):
+    """Prompts the target writes itself (Magpie), for a user with no prompt set, e.g.
+    `envkit data synthesize --server http://127.0.0.1:8000 --tokenizer TARGET_DIR --count 4000 --out prompts.jsonl`.
+
+    \b
+    The chat template is rendered up to where a user message begins (cut by the training venv's trainer, from
+    --tokenizer) and sent raw to /v1/completions; what the target writes up to the end of the user turn is kept
+    when it is finished, not empty, within --min-chars/--max-chars, not degenerate, free of template markup and
+    unique. Every rejection is counted by reason in the manifest; a row a server refuses goes to the errors file.
+    A kill leaves whole rows; --resume continues and keeps them. Then: `envkit data regenerate --data
+    OUT.train.jsonl ...` answers them, and the walk measures on OUT.held-out.jsonl.
+    """
+    from envkit.regen.synthesize import SynthRequest, check_count, synthesize
+    from envkit.trainerproc.chat_turns import chat_turns
+
+    check_count(count)
+    urls = tuple(url for url in servers.split(",") if url.strip())
+    if not urls:
+        raise click.BadParameter("give at least one server URL", param_hint="--server")
+    kwargs = _template_kwargs(chat_template_kwargs)
+    tokenizer_dir = str(Path(tokenizer).absolute())
+    if not Path(tokenizer_dir).is_dir():
+        raise click.BadParameter(f"{printable(tokenizer)} is not a directory (give the served model's dir)",
+                                 param_hint="--tokenizer")
+    out = checked_output(out_path)
+    venv = training_venv_from_options(venv_path, profile_name, "data synthesize")
+    request = SynthRequest(urls, out, count, chat_turns(venv, tokenizer_dir, kwargs), tokenizer_dir, model, turns,
+                           seed, temperature, top_p, max_tokens, min_chars=min_chars, max_chars=max_chars,
+                           max_attempts=max_attempts, held_out=held_out, concurrency=concurrency,
+                           chat_template_kwargs=kwargs, resume=resume, connect_timeout_s=connect_timeout,
+                           request_timeout_s=request_timeout)
+    result = synthesize(request)
+    if as_json:
+        return print_json(as_dict(result))
+    rejected = ", ".join(f"{count:,} {why}" for why, count in sorted(result.rejected.items())) or "none"
+    click.echo(printable(f"{result.out}: {result.rows:,} prompts from {result.model} in {result.attempts:,} attempts "
+                         f"(rejected: {rejected}); {result.train_rows:,} in {result.train}, {result.held_out_rows:,} "
+                         f"in {result.held_out}; manifest {result.manifest}"))
+
+
 def _template_kwargs(text: str | None) -> dict | None:
-    """--chat-template-kwargs: a JSON object of finite values (NaN and Infinity are not JSON a server reads)."""
-    if not text:
-        return None
-
-    def refuse(constant):
-        raise ValueError(f"{constant} is not a JSON value")
-
     try:
-        kwargs = json.loads(text, parse_constant=refuse)
-    except (ValueError, RecursionError) as exc:
-        raise click.BadParameter(f"not JSON ({printable(exc)})", param_hint="--chat-template-kwargs") from None
-    if not isinstance(kwargs, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--chat-template-kwargs")
-    return kwargs
+        return parse_template_kwargs(text)
+    except TrainerInputError as exc:
+        raise click.BadParameter(printable(str(exc).removeprefix("--chat-template-kwargs ")),
+                                 param_hint="--chat-template-kwargs") from None
 
 
 @data_group.command("instructions")
@@ -152,16 +223,13 @@ def data_instructions_command(out_path, count, held_out, seed, kinds):
     """Instructions for a chat target, derived from this interpreter's standard library, as `conversations` rows
     (one user turn) for `envkit data regenerate`: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" and, with
     --kind, the other kinds a code assistant is asked, drawn evenly from all instructions of those kinds."""
-    from trainer.common.errors import TrainerInputError
-    from trainer.common.files import atomic_write
-    from trainer.data import corpus
-
+    checked_output(out_path)  # before the corpus is read
     try:
-        texts = corpus.instructions(held_out, count, seed,
+        texts = instructions(held_out, count, seed,
                                     INSTRUCTION_KINDS if "all" in kinds else tuple(dict.fromkeys(kinds)))
     except TrainerInputError as exc:
         raise click.BadParameter(f"{exc}; lower it or add a --kind", param_hint="--count") from None
-    atomic_write(Path(out_path), "".join(json.dumps({"conversations": [{"role": "user", "content": text}]}) + "\n"
+    atomic_write(checked_output(out_path), "".join(json.dumps({"conversations": [{"role": "user", "content": text}]}) + "\n"
                                          for text in texts))
     click.echo(printable(f"{out_path}: {len(texts):,} instructions from the {'held-out' if held_out else 'training'} "
                          f"files of the standard library"))

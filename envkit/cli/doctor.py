@@ -69,7 +69,7 @@ def selftest_command(venv_path, profile_name, as_json):
     `warm-cache` runs them too. Exit 1 when one fails.
     """
     from envkit.cache import warmup
-    from envkit.selftest import render
+    from envkit.trainerproc.hazard_proof import render
 
     venv = training_venv_from_options(venv_path, profile_name, "selftest")
     record = warmup.run_selftests(venv)

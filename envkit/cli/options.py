@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from envkit.errors import EnvkitError
+from envkit.support.trainer_helpers import presets_help
 
 profile_option = click.option("--profile", "profile_name", metavar="NAME",
                               help="Lock profile from lockfiles/ (default: cpu).")
@@ -54,7 +55,7 @@ venv_option = click.option("--venv", "venv_path", type=click.Path(file_okay=Fals
                            help="The managed venv (default: the profile's, $ENVKIT_HOME/venvs/<profile>).")
 
 
-preset_option = click.option("--preset", default=None, metavar="NAME", help="Trainer preset: tiny (default), qwen3_8b.")
+preset_option = click.option("--preset", default=None, metavar="NAME", help=f"Trainer preset ({presets_help()}).")
 
 
 config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True), metavar="PATH",
@@ -62,7 +63,7 @@ config_option = click.option("--config", "config_path", type=click.Path(dir_okay
 
 
 def venv_from_options(venv_path, profile_name):
-    from envkit.venv import resolve_venv
+    from envkit.venv.managed import resolve_venv
 
     return resolve_venv(venv_path, profile_name)  # a VenvError: `Error: ...`, exit 1
 

@@ -123,7 +123,7 @@ def supervise_command(run_dir, environ_fifo):
 @click.option("--json", "as_json", is_flag=True)
 def runs_command(runs_dir, as_json):
     """List runs with status, last step, loss, tokens/s, acceptance length and cache hits."""
-    from envkit.run.runs import list_runs
+    from envkit.run.history import list_runs
     from envkit.support.text import printable
 
     rows = list_runs(Path(runs_dir) if runs_dir else None)
@@ -176,6 +176,6 @@ def export_command(run, out_dir, force, dtype, runs_dir, as_json):
 @click.option("--runs-dir", type=click.Path(file_okay=False), metavar="DIR")
 def logs_command(name, follow, runs_dir):
     """Print a run's train.log."""
-    from envkit.run.runs import find_run, follow_log
+    from envkit.run.history import find_run, follow_log
 
     follow_log(find_run(name, Path(runs_dir) if runs_dir else None), follow=follow)

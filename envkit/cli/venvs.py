@@ -34,7 +34,7 @@ def lock_command(profile_name, lock_path, find_links, offline, no_index, check, 
 
     check_profile_choice(profile_name, lock_path)
     if from_venv:
-        from envkit.lock.adopt import adopt
+        from envkit.doctor.adopt import adopt
 
         result = adopt(from_venv, profile_name, lock_path, keep_strays=keep_strays, find_links=find_links,
                        offline=offline, no_index=no_index)
@@ -79,7 +79,7 @@ def create_command(profile_name, lock_path, venv_path, find_links, offline, no_i
     The venv is built in a temporary sibling directory and renamed into place only when it is
     complete: a failure or Ctrl-C leaves the previous venv as it was.
     """
-    from envkit.create import create
+    from envkit.venv.create import create
 
     check_profile_choice(profile_name, lock_path)
     result = create(profile_name, lock_path, venv_path, find_links=find_links, offline=offline,

@@ -1,4 +1,5 @@
-"""`envkit doctor`: how a venv differs from its lock, and what in it is dangerous for training."""
+"""`envkit doctor`: how a venv differs from its lock, and what in it is dangerous for training; `lock --from-venv`
+(adopt). May import: cache, trainerproc, venv (its --fix re-syncs with venv.create), lock, support, errors, paths."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import dataclasses
 import os
 import shutil
 
-from envkit import venvrecord
+from envkit.venv import record as venvrecord
 from envkit.doctor import cachechecks, environment, files, packages, startup, story, torchchecks
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Report, Status
 from envkit.errors import ProfileError
 from envkit.lock.uvtool import run_uv
-from envkit.venv import resolve_venv
+from envkit.venv.managed import resolve_venv
 
 __all__ = ["Finding", "Report", "Status", "diagnose", "fix", "load_context"]
 
@@ -73,7 +74,7 @@ def fix(ctx: Context, *, find_links=(), offline=False, no_index=False) -> None:
     """Re-sync the venv to its lock in place: strays, duplicates, drift and edited files go."""
     # Only --fix installs: uv, the lock and the wheelhouse stay out of every plain doctor's start-up.
     from envkit.lock import wheelhouse
-    from envkit.create import sync
+    from envkit.venv.create import sync
 
     if ctx.profile is None:
         raise ProfileError("--fix needs a lock: give --profile NAME or --lock PATH")

@@ -11,11 +11,11 @@ from pathlib import Path
 from envkit import paths
 from envkit.cache.fingerprint import FINGERPRINT, compare, fingerprints, tampered_names
 from envkit.cache.key import compile_root
-from envkit.cache.trust import tree_problems
+from envkit.support.trust import tree_problems
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
-from envkit.installed import installed_versions
-from envkit.trainer_source import trainer_digest
+from envkit.venv.installed import installed_versions
+from envkit.trainerproc.source import trainer_digest
 
 
 def cache_dirs_to_check(environ: dict[str, str]) -> list[Path]:

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envkit.doctor import statindex
-from envkit.installed import Distribution, installed_distributions
+from envkit.venv.installed import Distribution, installed_distributions
 from envkit.lock.profile import Profile
 from envkit.support.safeio import UnsafeFile, read_text
-from envkit.venv import Venv
+from envkit.venv.managed import Venv
 
 
 RECORD_LIMIT = 64 << 20  # torch's RECORD is about 2 MB

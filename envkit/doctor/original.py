@@ -20,7 +20,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from envkit.installed import PEP508_NAME
+from envkit.lock.names import PEP508_NAME
 from envkit.lock import wheelhouse
 from envkit.lock.uvtool import run_uv
 

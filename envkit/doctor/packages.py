@@ -15,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from envkit import paths
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
-from envkit.installed import invalid_dist_infos
+from envkit.venv.installed import invalid_dist_infos
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,7 +90,7 @@ def check_strays(ctx: Context) -> list[Finding]:
     serving = serve_profiles()
     for name, why in sorted(stray_reasons(ctx).items()):
         version = ", ".join(d.version for d in ctx.by_name[name])
-        # `name` passed PEP 508's name rule (envkit/installed.py); the path is quoted: the line is pasted into a shell.
+        # `name` passed PEP 508's name rule (envkit/venv/installed.py); the path is quoted: the line is pasted into a shell.
         fix = ctx.fix_command() if ctx.profile else \
             f"uv pip uninstall --python {shlex.quote(str(ctx.venv.python))} {shlex.quote(name)}"
         if name in serving and ctx.role == "train":

@@ -20,7 +20,7 @@ from envkit.doctor.files import recorded_paths
 from envkit.doctor.findings import Finding, Status
 from envkit.support.safeio import UnsafeFile, open_regular, read_bytes
 from envkit.support.text import printable
-from envkit.venv import Venv
+from envkit.venv.managed import Venv
 
 # Modules the site module imports by itself at every start (a .pth's `import` lines are site.pth's).
 STARTUP_MODULES = ("sitecustomize", "usercustomize")

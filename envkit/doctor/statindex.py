@@ -6,7 +6,7 @@ an edit through a hard link (uv's cache) changes the shared inode's ctime as wel
 covers each RECORD: one whose stat is unchanged is not parsed again, its checked rows come from the
 index (every file they list is still lstat'ed). The index is envkit's own (under ENVKIT_CACHE_DIR,
 0600, read without following links, ignored with a warning unless it and its dirs are yours and writable by
-no one else: envkit/state.py) and counts for nothing once the venv's lock digest changed.
+no one else: envkit/support/state.py) and counts for nothing once the venv's lock digest changed.
 `--deep` ignores it and hashes everything.
 """
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envkit import paths
-from envkit.state import read_trusted_json
+from envkit.support.state import read_trusted_json
 from envkit.support.fsops import write_json_atomic
-from envkit.venv import Venv
+from envkit.venv.managed import Venv
 
 VERSION = 2
 

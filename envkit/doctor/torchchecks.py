@@ -16,11 +16,11 @@ from typing import Callable
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from envkit import selftest
+from envkit.trainerproc import hazard_proof as selftest
 from envkit.doctor.context import Context
 from envkit.doctor.findings import Finding, Status
-from envkit.trainer_source import trainer_digest
-from trainer.common.mitigations import MITIGATIONS
+from envkit.trainerproc.source import trainer_digest
+from envkit.support.trainer_helpers import MITIGATIONS
 
 
 def _driver_cuda_version() -> str | None:

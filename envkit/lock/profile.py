@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 from envkit import paths
 from envkit.errors import ProfileError
 from envkit.lock import pylock
+from envkit.lock.names import PEP508_NAME
 from envkit.support.safeio import UnsafeFile, read_bytes
 from envkit.support.text import printable
 
@@ -32,7 +33,6 @@ LOCK_LIMIT = 64 << 20  # a cuda profile with every hash is about 100 KB
 DEFAULT_PLATFORM = "x86_64-manylinux_2_28"
 # A lock is data handed to uv: every field is checked against these before any tool reads it.
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # also a file and directory name
-PACKAGE_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)  # PEP 508
 SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
 EXCLUDE_NEWER = re.compile(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}Z)?")
 PLAIN_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+*<>=!~,-]{0,63}$")  # python request, backend, platform
@@ -152,7 +152,7 @@ def _package(entry, where: str, path: Path) -> LockedPackage:
     if not isinstance(entry, dict):
         raise ProfileError(f"{path}: {where} must be a table")
     name = _require(entry, "name", str, where, path)
-    if not PACKAGE_NAME.fullmatch(name):
+    if not PEP508_NAME.fullmatch(name):
         raise ProfileError(f"{path}: {where}: {name!r} is not a package name; run `envkit lock --lock {path}`")
     version = _require(entry, "version", str, where, path)
     try:

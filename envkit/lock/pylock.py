@@ -17,7 +17,7 @@ from packaging.markers import InvalidMarker, Marker
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from envkit.errors import ProfileError
-from envkit.installed import PEP508_NAME
+from envkit.lock.names import PEP508_NAME
 from envkit.support.text import printable
 
 FILE_NAME = re.compile(r"^pylock(\.[^.]+)?\.toml$")  # PEP 751: pylock.toml or pylock.<name>.toml

@@ -16,7 +16,7 @@ from envkit.lock import profile as profiles
 from envkit.lock import wheelhouse
 from envkit.lock.profile import LockedPackage, Profile
 from envkit.lock.uvtool import run_uv, uv_version
-from trainer.common.files import atomic_write
+from envkit.support.trainer_helpers import atomic_write
 
 
 @dataclass(frozen=True)

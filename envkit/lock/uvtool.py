@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from envkit.errors import EnvkitError, HashMismatchError, UvError
-from trainer.common.children import die_with_parent
+from envkit.support.trainer_helpers import die_with_parent
 
 
 @functools.cache

@@ -12,128 +12,22 @@ were read), every server's engine, the lengths and finish reasons the replies sh
 from __future__ import annotations
 
 import json
-import math
 import queue
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from envkit import __version__
-from envkit.regen import client as api
-from envkit.regen.http import parse_endpoint
-from envkit.regen.ledger import MANIFEST_FORMAT, Ledger, RegenError, errors_path, manifest_path
-from envkit.regen.prompts import PromptFile
-from envkit.regen.rows import TURNS, BadRow, Plan, chat_history, plan_for, training_row
+from envkit.errors import RegenError
+from envkit.regen import openai_api
+from envkit.regen.ledger import Ledger, errors_path, manifest_path
+from envkit.regen.request import RegenRequest, RegenResult, failure_bound
+from envkit.regen.row_requests import BadRow, Plan, chat_history, plan_for, training_row
 from envkit.support.text import printable
-from trainer.common.files import loads_json
+from envkit.support.trainer_helpers import loads_json
 
 PROGRESS_EVERY_S = 2.0
 QUIET_PROGRESS_S = 30.0  # nothing settled: say so less often (a long answer is not news)
-
-
-@dataclass(frozen=True)
-class RegenRequest:
-    servers: tuple[str, ...]
-    prompts: Path
-    out: Path
-    model: str | None = None
-    concurrency: int = 8  # per server
-    max_tokens: int = 512
-    temperature: float = 0.0
-    chat_template_kwargs: dict | None = None
-    resume: bool = False
-    retries: int = 5
-    backoff_s: float = 0.5
-    connect_timeout_s: float = 60.0
-    request_timeout_s: float = 600.0
-    turns: str = "all"
-    max_failures: str | None = None  # "N" rows or "P%" of the prompt rows; None: no bound
-    retry_failed: bool = False
-
-
-@dataclass
-class RegenResult:
-    out: str
-    manifest: str
-    errors: str
-    model: str
-    rows: int  # rows in OUT (this run's and the runs' before it)
-    failed: int  # rows in the errors file
-    written_now: int
-    failed_now: int
-    resumed_from: int  # prompt lines settled before this run
-    generated_tokens: int
-    seconds: float
-    rows_per_s: float
-    tokens_per_s: float
-    dead_servers: dict = field(default_factory=dict)
-
-
-def check_request(request: RegenRequest) -> None:
-    if not math.isfinite(request.temperature) or request.temperature < 0:
-        raise RegenError(f"--temperature {request.temperature} is not a finite number >= 0")
-    if request.turns not in TURNS:
-        raise RegenError(f"--turns {printable(request.turns)!r}: give one of {', '.join(TURNS)}")
-    failure_bound(request.max_failures, 1)
-    if not request.prompts.is_file():
-        raise RegenError(f"--data {request.prompts}: not a file")
-
-
-def failure_bound(text: str | None, rows: int) -> int | None:
-    """--max-failures as a count of rows: "N", or "P%" of the prompt rows; None for no bound."""
-    if text is None:
-        return None
-    value = text.strip()
-    try:
-        number = float(value[:-1]) if value.endswith("%") else int(value)
-    except ValueError:
-        number = -1
-    if not (isinstance(number, (int, float)) and math.isfinite(number) and number >= 0
-            and (not value.endswith("%") or number <= 100)):
-        raise RegenError(f"--max-failures {printable(text)!r}: give a row count (10) or a percentage (0.5%)")
-    return int(rows * number / 100) if value.endswith("%") else int(number)
-
-
-def regenerate(request: RegenRequest) -> RegenResult:
-    """Answer every prompt row of `request.prompts` into `request.out` (see the module docstring)."""
-    check_request(request)
-    try:
-        endpoints = [parse_endpoint(server) for server in request.servers]
-    except ValueError as exc:
-        raise RegenError(f"--server: {exc}") from None
-    servers = [api.Server(endpoint, min(10.0, request.connect_timeout_s) or 10.0) for endpoint in endpoints]
-    with PromptFile(request.prompts) as prompts:
-        listed = {server.url: server.models(request.connect_timeout_s) for server in servers}
-        model = _choose_model(listed, request.model)
-        manifest = {"format": MANIFEST_FORMAT, "prompts": str(request.prompts.absolute()), "prompts_sha256": prompts.sha256,
-                    "prompts_rows": prompts.rows, "prompts_lines": prompts.lines, "model": model,
-                    "settings": {"max_tokens": request.max_tokens, "temperature": request.temperature,
-                                 "chat_template_kwargs": request.chat_template_kwargs, "turns": request.turns},
-                    "servers": [server.url for server in servers],
-                    "engines": {server.url: server.engine() for server in servers}, "envkit": __version__}
-        if request.retry_failed:
-            from envkit.regen.retry import retry_failed
-
-            return retry_failed(request, servers, prompts, manifest)
-        ledger = Ledger(request.out, manifest, request.resume)
-        try:
-            return Run(request, servers, prompts, ledger, model).go()
-        finally:
-            ledger.close()
-
-
-def _choose_model(listed: dict[str, list[str]], wanted: str | None) -> str:
-    for url, models in listed.items():
-        if wanted is not None and wanted not in models:
-            raise RegenError(f"{url} serves {printable(models[:8])}, not {printable(wanted)!r}; give --model one of them")
-    if wanted is not None:
-        return wanted
-    common = sorted(set.intersection(*(set(models) for models in listed.values())))
-    if len(common) != 1:
-        raise RegenError(f"the servers serve {printable(common[:8]) or 'no common model'}; give --model ID")
-    return common[0]
 
 
 @dataclass
@@ -142,6 +36,7 @@ class Outcome:
     index: int
     line: bytes | None = None
     failure: str | None = None
+    rejected: str | None = None  # answered, but not kept (synthesis: empty, duplicate, degenerate, ...)
     server: str = ""
     tokens: list = field(default_factory=list)  # per request: generated tokens as the server counted (or None)
     finish: list = field(default_factory=list)
@@ -156,23 +51,24 @@ class Item:
 
 
 class Run:
-    """Workers per server, one writer in input order (this thread), checkpoints, progress."""
+    """Workers per server, one writer in input order (this thread), checkpoints, progress.
 
-    def __init__(self, request: RegenRequest, servers: list[api.Server], prompts, ledger: Ledger, model: str,
-                 only_lines: set[int] | None = None, on_settle=None):
+    What a row is and how a server answers it is the `work`'s (`Regeneration` here: a prompt file's rows answered;
+    synthesize.py's `Synthesis`: prompts the target writes); the engine, the ledger and the client are shared."""
+
+    def __init__(self, request, servers: list[openai_api.Server], prompts, ledger: Ledger, model: str,
+                 only_lines: set[int] | None = None, on_settle=None, work=None):
         self.request, self.servers, self.prompts, self.ledger, self.model = request, servers, prompts, ledger, model
         self.only_lines, self.on_settle = only_lines, on_settle  # --retry-failed: these lines, settled through it
+        self.job = work or Regeneration(request)
         self.work: queue.Queue = queue.Queue()
         self.results: queue.Queue = queue.Queue()
         self.window = max(64, 4 * request.concurrency * len(servers))
         self.dead: dict[str, str] = {}
-        self.sampling = {"model": model, "max_tokens": request.max_tokens, "temperature": request.temperature}
-        if request.chat_template_kwargs:
-            self.sampling["chat_template_kwargs"] = request.chat_template_kwargs
         self.max_failures = failure_bound(request.max_failures, prompts.rows)
 
     # -- workers ---------------------------------------------------------------------------------------------
-    def _worker(self, server: api.Server) -> None:
+    def _worker(self, server: openai_api.Server) -> None:
         while True:
             item = self.work.get()
             if item is None or server.url in self.dead:
@@ -180,8 +76,8 @@ class Run:
                     self.work.put(item)  # another server's now
                 return
             try:
-                outcome = self._answer(server, item)
-            except api.ServerError as exc:
+                outcome = self.job.answer(server, item, self.model)
+            except openai_api.ServerError as exc:
                 self.work.put(item)
                 self.results.put(("dead", server.url, str(exc)))
                 return
@@ -190,35 +86,13 @@ class Run:
                 return
             self.results.put(("row", outcome))
 
-    def _answer(self, server: api.Server, item: Item) -> Outcome:
-        plan, request = item.plan, self.request
-        answers, outcome = [], Outcome(item.index, server=server.url)
-        for step in range(max(1, len(plan.answer_at))):
-            if plan.endpoint == "completions":
-                payload = {"prompt": plan.prompt}
-            else:
-                payload = {"messages": chat_history(plan, answers)[:plan.answer_at[step]]}
-            try:
-                reply = server.generate(plan.endpoint, self.sampling | payload, max_tokens=request.max_tokens,
-                                        retries=request.retries, backoff_s=request.backoff_s,
-                                        timeout_s=request.request_timeout_s)
-            except api.RowFailed as exc:
-                where = f" (turn {plan.answer_at[step] + 1})" if plan.endpoint == "chat/completions" else ""
-                outcome.failure = f"{exc}{where}"
-                return outcome
-            answers.append(reply.text)
-            outcome.tokens.append(reply.tokens)
-            outcome.finish.append(reply.finish_reason)
-        outcome.line = (json.dumps(training_row(item.row, plan, answers), ensure_ascii=False) + "\n").encode()
-        return outcome
-
     # -- the writer ------------------------------------------------------------------------------------------
     def go(self) -> RegenResult:
         ledger, settled = self.ledger, self.ledger.settled
         started, resumed_from = time.monotonic(), settled.input_line
         rows_before, failed_before = settled.rows, settled.failed
         tokens_before = settled.observed["generated_tokens"]
-        progress = Progress(len(self.only_lines) if self.only_lines is not None else self.prompts.rows,
+        progress = Progress(self.job.name, len(self.only_lines) if self.only_lines is not None else self.prompts.rows,
                             0 if self.only_lines is not None else rows_before + failed_before)
         if ledger.already_complete:
             return self._result(started, resumed_from, rows_before, failed_before, tokens_before)
@@ -235,6 +109,11 @@ class Run:
         try:
             while True:
                 while not exhausted and bad_row is None and next_index - to_settle < self.window:
+                    if self.job.enough(settled):
+                        exhausted = True
+                        break
+                    if not self.job.more_in_flight(settled, next_index - to_settle):
+                        break
                     entry = next(reader, None)
                     if entry is None:
                         exhausted = True
@@ -244,7 +123,7 @@ class Run:
                         ledger.advance(end_offset, number)
                         continue
                     try:
-                        item = self._item(next_index, number, raw)
+                        item = self.job.item(next_index, number, raw)
                     except RegenError as exc:
                         bad_row = exc
                         break
@@ -255,16 +134,7 @@ class Run:
                     if bad_row:
                         raise bad_row
                     break
-                try:
-                    message = self.results.get(timeout=PROGRESS_EVERY_S)
-                except queue.Empty:
-                    message = None
-                if message and message[0] == "row":
-                    done[message[1].index] = message[1]
-                elif message and message[0] == "dead":
-                    self._server_died(message[1], message[2])
-                elif message and message[0] == "crash":
-                    raise RuntimeError(f"a worker for {message[1]} failed: {message[2]}")
+                self._take(done)
                 while to_settle in done:
                     outcome = done.pop(to_settle)
                     item, end_offset = waiting.pop(to_settle)
@@ -288,22 +158,31 @@ class Run:
         finally:
             for _ in threads:
                 self.work.put(None)
-        ledger.checkpoint("complete", force=True, dead_servers=self.dead)
+        ledger.checkpoint(self.job.final_status(settled), force=True, dead_servers=self.dead)
         progress.show(settled.failed - failed_before, self.dead, final=True)
         return self._result(started, resumed_from, rows_before, failed_before, tokens_before)
 
-    def _item(self, index: int, number: int, raw: bytes) -> Item:
+    def _take(self, done: dict[int, Outcome]) -> None:
+        """The workers' next message, if one comes within PROGRESS_EVERY_S: a row's end, a dead server, a crash."""
         try:
-            row = loads_json(raw)
-            return Item(index, number, row, plan_for(row, self.request.turns))
-        except (ValueError, BadRow) as exc:
-            raise RegenError(f"{self.request.prompts}:{number}: not a prompt row ({printable(exc)})") from None
+            message = self.results.get(timeout=PROGRESS_EVERY_S)
+        except queue.Empty:
+            return
+        if message[0] == "row":
+            done[message[1].index] = message[1]
+        elif message[0] == "dead":
+            self._server_died(message[1], message[2])
+        elif message[0] == "crash":
+            raise RuntimeError(f"a worker for {message[1]} failed: {message[2]}")
 
     def _settle(self, item: Item, outcome: Outcome, progress: Progress) -> None:
         observed = self.ledger.settled.observed
         if self.on_settle is not None:
             self.on_settle(item, outcome)
-        if outcome.line is not None:
+        outcome = self.job.settle(outcome, self.ledger.settled)
+        if outcome.rejected is not None:
+            observed["rejected"][outcome.rejected] = observed["rejected"].get(outcome.rejected, 0) + 1
+        elif outcome.line is not None:
             self.ledger.write_row(outcome.line)
         else:
             record = {"line": item.number, "reason": outcome.failure, "server": outcome.server}
@@ -314,7 +193,7 @@ class Run:
         for finish in outcome.finish:
             key = finish or "unreported"
             observed["finish_reasons"][key] = observed["finish_reasons"].get(key, 0) + 1
-        if outcome.line is not None:
+        if outcome.line is not None and outcome.rejected is None:
             observed["answered_by"][outcome.server] = observed["answered_by"].get(outcome.server, 0) + 1
         progress.add(sum(tokens or 0 for tokens in outcome.tokens))
 
@@ -346,11 +225,70 @@ class Run:
                            round(tokens / max(seconds, 1e-9), 1), dict(self.dead))
 
 
+class Regeneration:
+    """`data regenerate`'s work: each prompt row answered, every assistant turn in order (row_requests.py)."""
+
+    def __init__(self, request: RegenRequest):
+        self.request = request
+
+    def sampling(self, model: str) -> dict:
+        sampling = {"model": model, "max_tokens": self.request.max_tokens, "temperature": self.request.temperature}
+        if self.request.chat_template_kwargs:
+            sampling["chat_template_kwargs"] = self.request.chat_template_kwargs
+        return sampling
+
+    def item(self, index: int, number: int, raw: bytes) -> Item:
+        try:
+            row = loads_json(raw)
+            return Item(index, number, row, plan_for(row, self.request.turns))
+        except (ValueError, BadRow) as exc:
+            raise RegenError(f"{self.request.prompts}:{number}: not a prompt row ({printable(exc)})") from None
+
+    def answer(self, server: openai_api.Server, item: Item, model: str) -> Outcome:
+        plan, request = item.plan, self.request
+        answers, outcome = [], Outcome(item.index, server=server.url)
+        if plan.set_aside:
+            outcome.failure = plan.set_aside
+            return outcome
+        for step in range(max(1, len(plan.answer_at))):
+            if plan.endpoint == "completions":
+                payload = {"prompt": plan.prompt}
+            else:
+                payload = {"messages": chat_history(plan, answers)[:plan.answer_at[step]]}
+            try:
+                reply = server.generate(plan.endpoint, self.sampling(model) | payload, max_tokens=request.max_tokens,
+                                        retries=request.retries, backoff_s=request.backoff_s,
+                                        timeout_s=request.request_timeout_s)
+            except openai_api.RowFailed as exc:
+                where = f" (turn {plan.answer_at[step] + 1})" if plan.endpoint == "chat/completions" else ""
+                outcome.failure = f"{exc}{where}"
+                return outcome
+            answers.append(reply.text)
+            outcome.tokens.append(reply.tokens)
+            outcome.finish.append(reply.finish_reason)
+        outcome.line = (json.dumps(training_row(item.row, plan, answers), ensure_ascii=False) + "\n").encode()
+        return outcome
+
+    name = "regenerate"
+
+    def enough(self, settled) -> bool:
+        return False  # every row of the file
+
+    def more_in_flight(self, settled, in_flight: int) -> bool:
+        return True  # the window bounds it
+
+    def settle(self, outcome: Outcome, settled) -> Outcome:
+        return outcome
+
+    def final_status(self, settled) -> str:
+        return "complete"
+
+
 class Progress:
     """rows/s, generated tok/s, rows set aside and an ETA on stderr, every couple of seconds."""
 
-    def __init__(self, total: int, done: int):
-        self.total, self.done = total, done
+    def __init__(self, name: str, total: int, done: int):
+        self.name, self.total, self.done = name, total, done
         self.started = self.last = time.monotonic()
         self.rows = self.tokens = self.shown = 0
 
@@ -370,7 +308,7 @@ class Progress:
         left = self.total - settled
         eta = f", ETA {_clock(left / rate)}" if rate > 0 and left > 0 else ""
         dead_note = f", {len(dead)} server(s) dead" if dead else ""
-        print(f"regenerate: {settled:,}/{self.total:,} rows ({rate:,.1f} rows/s, {self.tokens / seconds:,.0f} generated "
+        print(f"{self.name}: {settled:,}/{self.total:,} rows ({rate:,.1f} rows/s, {self.tokens / seconds:,.0f} generated "
               f"tok/s, {failed:,} set aside{dead_note}){eta}", file=sys.stderr, flush=True)
 
 

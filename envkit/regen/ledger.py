@@ -17,17 +17,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envkit.errors import EnvkitError
+from envkit.errors import RegenError
 from envkit.support.fsops import write_json_atomic
 from envkit.support.text import printable
-from trainer.common.files import open_lock_file, read_json_file
+from envkit.support.trainer_helpers import open_lock_file, read_json_file
 
 MANIFEST_FORMAT = 2  # 2: settled checkpoints, an errors file, every server's engine, what the replies showed
 CHECKPOINT_EVERY_S = 1.0
-
-
-class RegenError(EnvkitError):
-    """Regeneration stopped or refused: a bad row, a file changed under it, servers gone; what was settled is kept."""
 
 
 def manifest_path(out: Path) -> Path:
@@ -52,7 +48,7 @@ class Settled:
     out_bytes: int = 0
     errors_bytes: int = 0
     observed: dict = field(default_factory=lambda: {"generated_tokens": 0, "requests": 0, "tokens_unreported": 0,
-                                                     "finish_reasons": {}, "answered_by": {}})
+                                                     "finish_reasons": {}, "answered_by": {}, "rejected": {}})
 
 
 class _HashedAppend:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from envkit.regen.ledger import RegenError
+from envkit.errors import RegenError
 
 ROW_LIMIT = 64 << 20  # a prompt row is parsed whole
 

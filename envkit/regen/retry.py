@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from envkit.regen.ledger import Ledger, RegenError, _own, errors_path, manifest_path
+from envkit.errors import RegenError
+from envkit.regen.job import Run
+from envkit.regen.ledger import Ledger, _own, errors_path, manifest_path
 from envkit.support.fsops import write_json_atomic
-from trainer.common.files import atomic_write, file_sha256, loads_json, read_json_file
+from envkit.support.trainer_helpers import atomic_write, file_sha256, loads_json, read_json_file
 
 
 def _failed_lines(out: Path, manifest: dict) -> set[int]:
@@ -38,8 +40,6 @@ def _failed_lines(out: Path, manifest: dict) -> set[int]:
 
 
 def retry_failed(request, servers, prompts, manifest: dict):
-    from envkit.regen.job import Run
-
     out = request.out
     lock = _own(out)
     try:

@@ -1,2 +1,3 @@
 """A training run: starting it with its preflight (launch), its directory and records (rundir), finding
-and following runs (runs), and handing its drafter to serving engines (export)."""
+and following runs (history), and handing its drafter to serving engines (export). May import: doctor, cache,
+trainerproc, venv, lock, support, errors, paths."""

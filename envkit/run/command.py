@@ -22,7 +22,7 @@ from pathlib import Path
 from envkit.cache.fingerprint import compare, read_fingerprint, tampered_names
 from envkit.cache.key import compile_root, ensure_private_dir, env_key
 from envkit.errors import RunError
-from envkit.installed import installed_versions
+from envkit.venv.installed import installed_versions
 from envkit.run.preflight import (new_run_dir, note_cache_overrides, preflight_doctor, preflight_venv,
                                   prove_mitigations, versions)
 from envkit.run.rundir import LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now
@@ -30,7 +30,7 @@ from envkit.run.supervise import detach, supervise
 from envkit.support.fsops import write_json_atomic
 from envkit.support.progress import Phases
 from envkit.support.text import printable
-from envkit.venv import Venv
+from envkit.venv.managed import Venv
 
 UNTRACKED_HASH_LIMIT = 4 << 20  # bigger untracked files (data, checkpoints) count by path and size only
 SOURCE_FILES_LIMIT = 20_000

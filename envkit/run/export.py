@@ -10,11 +10,11 @@ from pathlib import Path
 from envkit.doctor.startup import interpreter_problem
 from envkit.errors import RunError, VenvError
 from envkit.run.rundir import RUN_JSON, read_run
-from envkit.run.runs import find_run
+from envkit.run.history import find_run
 from envkit.support.text import printable
-from envkit.trainer_process import run_trainer, trainer_env
-from envkit.venv import Venv
-from trainer.common.files import permission_problem
+from envkit.trainerproc.process import run_trainer, trainer_env
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import permission_problem
 
 
 def resolve_run(run: str, runs_dir: Path | None = None) -> Path:

@@ -19,10 +19,10 @@ from envkit.run.supervise import detach, supervise
 from envkit.support.fsops import write_json_atomic
 from envkit.support.progress import Phases
 from envkit.support.text import printable
-from envkit.targets import fetch
-from envkit.trainer_process import trainer_command
-from trainer.common.records import details
-from trainer.targets.pretrained import PRESET_TARGETS
+from envkit.trainerproc.pretrained_target import fetch
+from envkit.trainerproc.process import trainer_command
+from envkit.support.trainer_helpers import details
+from envkit.support.trainer_helpers import pretrained
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,13 @@ def start(request: TrainRequest, *, quiet: bool = False) -> dict:
     those of the run (`-- --batch-size 4` included). Returns the final run.json.
     """
     _check_trainer_args(request.trainer_args)
-    phases = Phases(total=5 + (request.preset in PRESET_TARGETS), quiet=quiet)
+    phases = Phases(total=5 + (request.preset in pretrained.PRESET_TARGETS), quiet=quiet)
     if request.name:  # before minutes of preflight, not after
         new_run_dir(request.name, request.runs_dir, "")
     venv = preflight_venv(request.venv_path, request.profile_name, phases)
     profile = preflight_doctor(venv, request.profile_name, request.allow_warn, phases)
-    if request.preset in PRESET_TARGETS:  # a pretrained target is fetched and converted once, before the trainer
-        with phases.phase("target", PRESET_TARGETS[request.preset]):
+    if request.preset in pretrained.PRESET_TARGETS:  # a pretrained target is fetched and converted once, before the trainer
+        with phases.phase("target", pretrained.PRESET_TARGETS[request.preset]):
             fetch(request.preset, quiet=True)
     described = describe(venv, request.preset, request.config, request.trainer_args)
     run_dir = new_run_dir(request.name, request.runs_dir, described["preset"])

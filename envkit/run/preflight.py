@@ -9,22 +9,25 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from envkit import __version__, doctor, paths, selftest, venvrecord
-from envkit.cache import cacheenv, warmup
+from envkit import __version__, doctor, paths
+from envkit.trainerproc import hazard_proof as selftest
+from envkit.venv import record as venvrecord
+from envkit.cache import warmup
+from envkit.trainerproc import cacheenv
 from envkit.cache.fingerprint import read_fingerprint, tampered_names
 from envkit.cache.key import compile_root, ensure_private_dir, env_key, key_parts
-from envkit.create import create
+from envkit.venv.create import create
 from envkit.doctor.findings import Report, Status
 from envkit.doctor.render import as_table
 from envkit.errors import RunError
-from envkit.installed import installed_versions
+from envkit.venv.installed import installed_versions
 from envkit.lock import profile as profiles
 from envkit.lock.uvtool import uv_version
 from envkit.run.rundir import check_run_name
 from envkit.support.progress import Phases
 from envkit.support.text import printable
-from envkit.trainer_source import trainer_digest
-from envkit.venv import Venv
+from envkit.trainerproc.source import trainer_digest
+from envkit.venv.managed import Venv
 
 # Warnings that `envkit train` itself resolves: it warms a cold cache and runs the hazard self-tests that
 # have not run in this venv yet (a failed self-test is a fail finding, which stops the run).
@@ -141,7 +144,7 @@ def prove_mitigations(venv: Venv, cache_dir: Path, torch_version: str, phases: P
 
 
 def note_cache_overrides(cache_dir: Path, phases: Phases) -> list[str]:
-    """Name the caller's cache variables the run replaces (envkit/cache/cacheenv.py); returned for run.json."""
+    """Name the caller's cache variables the run replaces (envkit/trainerproc/cacheenv.py); returned for run.json."""
     names = cacheenv.overridden(os.environ, cache_dir)
     note = cacheenv.override_note(names)
     if note:

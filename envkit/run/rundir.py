@@ -14,7 +14,7 @@ from pathlib import Path
 from envkit.errors import RunError
 from envkit.support.fsops import write_json_atomic
 from envkit.support.text import printable
-from trainer.common.files import ExclusiveLock, read_json_file
+from envkit.support.trainer_helpers import ExclusiveLock, read_json_file
 
 RUN_JSON = "run.json"
 CONFIG_JSON = "config.json"

@@ -17,23 +17,23 @@ import sys
 import time
 from pathlib import Path
 
-from envkit.cache import cacheenv
+from envkit.trainerproc import cacheenv
 from envkit.cache.fingerprint import write_fingerprint
 from envkit.errors import RunError
-from envkit.run import isolation
+from envkit.trainerproc import isolation
 from envkit.run.rundir import LOG, NODE_JSON, now, read_node, read_run, read_summary, update_run
 from envkit.support.progress import Phases
 from envkit.support.text import printable
-from envkit.trainer_process import trainer_env
-from envkit.venv import Venv
-from trainer.common.children import die_with_parent
+from envkit.trainerproc.process import trainer_env
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import die_with_parent
 
 EXIT_STATUS = {0: "finished", 130: "interrupted", 143: "interrupted", -2: "interrupted", -15: "interrupted"}
 
 
 def command_env(venv: Venv, cache_dir: Path, extra: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
     """What `envkit run` gives a command: the venv activated (its bin first on PATH), the private cache
-    (envkit/cache/cacheenv.py)."""
+    (envkit/trainerproc/cacheenv.py)."""
     env = cacheenv.apply(isolation.without_engine_variables(os.environ if environ is None else environ), cache_dir)
     env.pop("PYTHONHOME", None)
     env["VIRTUAL_ENV"] = str(venv.path)

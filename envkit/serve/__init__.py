@@ -1,2 +1,2 @@
 """Serving: an engine's OpenAI-compatible server from a serve venv (engines), started and stopped as a supervised
-run (server)."""
+run (server). May import: run and every room below it."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envkit.errors import RunError
-from envkit.installed import installed_versions
-from envkit.venv import Venv
+from envkit.venv.installed import installed_versions
+from envkit.venv.managed import Venv
 
 
 @dataclass(frozen=True)

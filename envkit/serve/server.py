@@ -2,7 +2,7 @@
 
 A server is a run like any other (run.py's preflight, run dir, supervisor, detach): the venv must be a serve venv
 and doctor-clean as one, the engine starts with an environment that carries nothing of training
-(envkit/run/isolation.py), and it counts as started only once `/v1/models` lists the model. A start that fails or
+(envkit/trainerproc/isolation.py), and it counts as started only once `/v1/models` lists the model. A start that fails or
 times out is one line with the log's last lines, and nothing is left running. `--stop NAME` ends it.
 """
 
@@ -18,19 +18,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from envkit import state, venvrecord
+from envkit.support import state
+from envkit.venv import record as venvrecord
 from envkit.errors import RunError
 from envkit.run.preflight import new_run_dir, preflight_doctor, preflight_venv, versions
 from envkit.run.rundir import (LOG, RUN_JSON, boot_id, end_recorded_if_unsupervised, now, read_run, request_stop,
                                update_run)
-from envkit.run.runs import alive, find_run, status_of
+from envkit.run.history import alive, find_run, status_of
 from envkit.run.supervise import detach, supervise
 from envkit.serve.engines import pick
 from envkit.support.fsops import write_json_atomic
 from envkit.support.progress import Phases
 from envkit.support.text import printable
-from trainer.common.errors import TrainerInputError
-from trainer.data.source_digest import source_sha256
+from envkit.support.trainer_helpers import TrainerInputError
+from envkit.support.trainer_helpers import source_sha256
 
 READY_POLL_S = 0.5
 PROGRESS_EVERY_S = 5.0

@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from trainer.common.files import atomic_write
+from envkit.support.trainer_helpers import atomic_write
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2

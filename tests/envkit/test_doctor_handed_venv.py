@@ -120,13 +120,14 @@ def hazard_statuses(venv: Path) -> dict[str, str]:
 
 
 def test_a_self_test_record_counts_only_where_envkit_wrote_it_for_this_venv(tmp_path):
-    from envkit import selftest, state
-    from envkit.venv import Venv
+    from envkit.trainerproc import hazard_proof as selftest
+    from envkit.support import state
+    from envkit.venv.managed import Venv
     from trainer.common.mitigations import MITIGATIONS
 
     venv = plain_venv(tmp_path / "v")
     fake_torch(venv)
-    digest = __import__("envkit.trainer_source", fromlist=["trainer_digest"]).trainer_digest()
+    digest = __import__("envkit.trainerproc.source", fromlist=["trainer_digest"]).trainer_digest()
     results = {h: {"passed": True, "selftest": "x", "detail": "forged"} for h in MITIGATIONS}
     forged = {"torch": "2.13.0+cpu", "trainer": digest, "results": results}
     # A record the venv carries (the old place) proves nothing.

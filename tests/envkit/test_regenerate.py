@@ -295,3 +295,22 @@ def test_bad_prompt_rows_stop_with_their_line_and_keep_what_came_before(servers,
         proc = regenerate(url, prompts, out)
         assert f"{prompts}:5" in one_line_error(proc) and needle in one_line_error(proc)
         assert len(out.read_text().splitlines()) == 4 and manifest(out)["status"] == "stopped"
+
+
+def test_rows_with_tools_or_tool_calls_are_set_aside_never_rewritten(servers, tmp_path):
+    url, _ = servers()
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    rows = [{"id": 0, "conversations": [{"role": "user", "content": "What is 6 x 7?"},
+                                        {"role": "assistant", "content": "", "tool_calls": [call]},
+                                        {"role": "tool", "content": "42"},
+                                        {"role": "assistant", "content": "It is 42."}]},
+            {"id": 1, "conversations": [{"role": "user", "content": "hello"}]},
+            {"id": 2, "tools": [{"type": "function", "function": {"name": "lookup"}}],
+             "conversations": [{"role": "user", "content": "Look it up."}]}]
+    out = tmp_path / "out.jsonl"
+    done = regenerate(url, write_rows(tmp_path / "p.jsonl", rows), out)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [1]  # nothing rewritten as text
+    errors = [json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()]
+    assert [error["line"] for error in errors] == [1, 3] and all("tool" in error["reason"] for error in errors)
+    assert manifest(out)["observed"]["requests"] == 1  # the set-aside rows were never sent

@@ -4,8 +4,7 @@ deterministically from what it was sent, and misbehaves on purpose where a test 
     python tests/tools/openai_server.py --port 0 --port-file F [--model ID] [--refuse TEXT] [--fail TEXT]
         [--delay S] [--version V] [--die-after N] [--hostile KIND]
 
-The answer to a request is `answer-<sha256 of the request's messages or prompt, 12 hex>` plus the number of
-requests it answered: a multi-turn answer depends on every earlier turn sent with it. --refuse TEXT: a 400 for a
+The answer to a request is `answer-<sha256 of the request's messages or prompt (and seed), 12 hex>`: a multi-turn answer depends on every earlier turn sent with it. --refuse TEXT: a 400 for a
 request that holds TEXT; --fail TEXT: a 500 for it. --hostile KIND makes every reply (models, generation or both)
 one attack: trickle-models, trickle-version, endless, bad-gzip, deep, surrogate, overlong.
 """
@@ -25,6 +24,8 @@ SERVED = {"completions": 0}
 
 def answer_text(payload: dict) -> str:
     asked = payload.get("messages", payload.get("prompt"))
+    if "seed" in payload:  # a sampled request: another seed, another answer (synthesis's attempts)
+        asked = [asked, payload["seed"]]
     digest = hashlib.sha256(json.dumps(asked, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:12]
     return f" answer-{digest}"
 

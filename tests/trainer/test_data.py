@@ -25,7 +25,7 @@ pytest.importorskip("torch")
 
 from trainer.common.errors import TrainerInputError  # noqa: E402
 from trainer.config.schema import tiny  # noqa: E402
-from trainer.data import datasets, decode_cache, store  # noqa: E402
+from trainer.data import datasets, decode_cache, store, store_reader  # noqa: E402
 from trainer.data.datasets import Dataset  # noqa: E402
 from trainer.data.rows import Sequence  # noqa: E402
 from trainer.data.storedata import store_datasets  # noqa: E402
@@ -100,7 +100,7 @@ def test_prepare_once_reuse_after_and_read_back_exactly(tmp_path, home):
     first = json.loads(prepare_cli("--data", str(rows)).stdout)
     again = json.loads(prepare_cli("--data", str(rows), "--verify").stdout)
     assert not first["reused"] and again["reused"] and again["store"] == first["store"] and again["verified"]
-    opened = store.open_store(Path(first["store"]))
+    opened = store_reader.open_store(Path(first["store"]))
     lines = rows.read_text().splitlines()
     for index in (0, 123, 499):
         expected = json.loads(lines[index])
@@ -133,7 +133,7 @@ def test_the_held_out_rows_stay_put_when_rows_are_appended(tmp_path, home):
 
     def split(path: Path) -> tuple[set, set]:
         prepared = store.prepare(path, vocab_size=512, log=lambda m: None)
-        opened = store.open_store(Path(prepared.store))
+        opened = store_reader.open_store(Path(prepared.store))
         train, held = store_datasets(opened, cfg, cfg.drafter.block_size, 0)
         as_key = lambda seq: tuple(np.asarray(seq.input_ids).tolist())  # noqa: E731
         trained = {as_key(train.documents.get(i)) for i in range(len(train.documents))}
@@ -233,7 +233,7 @@ def test_plain_text_and_conversations_through_the_store(tmp_path, home):
     (tmp_path / "code.txt").write_text(text)
     prepared = store.prepare(tmp_path / "code.txt", tokenizer_dir=str(tokenizer_dir), vocab_size=len(tokenizer),
                              log=lambda m: None)
-    opened = store.open_store(Path(prepared.store))
+    opened = store_reader.open_store(Path(prepared.store))
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert np.asarray(opened.tokens).tolist() == ids and opened.manifest["kind"] == "text"
     cfg = tiny()
@@ -246,7 +246,7 @@ def test_plain_text_and_conversations_through_the_store(tmp_path, home):
     chats.write_text(json.dumps({"conversations": [{"role": "user", "content": "def f(x):"},
                                                    {"role": "assistant", "content": "    return x + 1"}]}) + "\n")
     prepared = store.prepare(chats, tokenizer_dir=str(tokenizer_dir), vocab_size=len(tokenizer), log=lambda m: None)
-    row = store.open_store(Path(prepared.store)).row(0)
+    row = store_reader.open_store(Path(prepared.store)).row(0)
     assert 0 < int(row.loss_mask.sum()) < len(row.loss_mask)  # the assistant's tokens only
 
 

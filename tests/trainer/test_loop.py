@@ -322,7 +322,7 @@ def test_a_non_finite_loss_fails_the_run_naming_the_step(tmp_path):
 
 @pytest.mark.parametrize("state, needle", [
     ({"step": 1}, "no valid 'config'"),
-    ({"config": {}, "step": 1, "drafter": {"fuse.weight": "int"}, "layer_ids": [1], "mask_token_id": 0},
+    ({"config": {}, "step": 1, "drafter": {"fc.weight": "int"}, "layer_ids": [1], "mask_token_id": 0},
      "not a finite floating-point tensor"),
     ("pickle", "Weights only load failed"),
 ])
@@ -333,7 +333,7 @@ def test_crafted_checkpoints_are_one_line_errors(tmp_path, state, needle):
         torch.save({"payload": os.system}, path)
     else:
         if isinstance(state.get("drafter"), dict):
-            state["drafter"] = {"fuse.weight": torch.ones(2, dtype=torch.int64)}
+            state["drafter"] = {"fc.weight": torch.ones(2, dtype=torch.int64)}
         torch.save(state, path)
     assert needle in one_line_error(run_trainer("export", "--ckpt", str(path), "--out", str(tmp_path / "out")))
     assert not (tmp_path / "out").exists()

@@ -1,1 +1,1 @@
-"""torch-free pieces envkit imports too: errors, atomic files and records, child processes, the metrics rows, the mitigations table, the torch build read without torch."""
+"""torch-free pieces envkit imports too: errors, atomic files and records, child processes, the metrics rows, the mitigations table, the torch build read without torch, the template-kwargs parser. Imports nothing of the trainer outside it."""

@@ -115,9 +115,10 @@ class ExclusiveLock:
 def envkit_home() -> Path:
     """ENVKIT_HOME as envkit resolves it (default $XDG_DATA_HOME/envkit): built targets and token stores live there."""
     home = os.environ.get("ENVKIT_HOME")
-    if not home:
-        home = str(Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "envkit")
-    return Path(home).expanduser()
+    if home:
+        return Path(home).expanduser()
+    data_home = os.environ.get("XDG_DATA_HOME")
+    return (Path(data_home).expanduser() if data_home else Path.home() / ".local" / "share") / "envkit"
 
 
 def read_json_record(path: Path, *, limit: int = 64 << 20) -> dict | None:

@@ -29,7 +29,7 @@ MITIGATIONS = {m.hazard: m for m in (
     Mitigation("H4", "sequences padded to fixed length buckets, each compiled once before training",
                "trainer/data/datasets.py", "bucketed_shapes_compile_once"),
     Mitigation("H5", "envkit points TORCHINDUCTOR_CACHE_DIR/TRITON_CACHE_DIR at a private 0700 dir",
-               "envkit/trainer_process.py trainer_env()", "private_compile_cache"),
+               "envkit/trainerproc/process.py trainer_env()", "private_compile_cache"),
     Mitigation("H6", "warmers serialise on a file lock held around the whole warm-up",
                "envkit/cache/warmup.py warm()", "warm_lock_is_held"),
     Mitigation("H7", "CPU trains through SDPA with a dense mask from the same rule",

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from trainer.config import PRESET_SUMMARIES
 from trainer.common.errors import TrainerInputError
 
 
@@ -311,6 +312,7 @@ def qwen3_8b() -> TrainConfig:
 
 
 PRESETS = {"tiny": tiny, "code": code, "chat": chat, "qwen3_8b": qwen3_8b}
+assert set(PRESETS) == set(PRESET_SUMMARIES), "every preset has its line of help (trainer/config/__init__.py)"
 SECTIONS = {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig}
 
 

@@ -8,6 +8,8 @@ with the same Python. Torch-free: `describe` and the tests read it without start
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import sysconfig
 from dataclasses import dataclass
@@ -151,13 +153,20 @@ EXPLAINED_MAX_CHARS = 600  # the code shown with "explain": its answer still fit
 
 
 def instruction_pool(held_out: bool, kinds: tuple[str, ...] = ("function",)) -> list[str]:
-    """Every instruction of these kinds that the training files (or the held-out ones) give, sorted, each once:
+    """Every instruction of these kinds that the training files (or the held-out ones) give, sorted, each once; a
+    held-out text is never a training one (the standard library repeats functions across files):
     - function: "Write a Python function `NAME(SIGNATURE)`: DOCSTRING" (public functions with arguments, so the
       instruction says what to write; the docstring's first paragraph);
     - method: "Write the method `CLASS.NAME(SIGNATURE)` of a Python class `CLASS`: DOCSTRING";
     - class: "Write a Python class `NAME`: DOCSTRING";
     - tests: "Write pytest unit tests for the Python function `NAME(SIGNATURE)`, which does this: DOCSTRING";
     - explain: "Explain what this Python function does:" and a short function's code (public or not)."""
+    return list(_instruction_pool(held_out, tuple(kinds)))
+
+
+@functools.lru_cache(maxsize=16)  # the stdlib parsed once per process and kinds (seconds each time)
+def _instruction_pool(held_out: bool, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """instruction_pool's work, cached."""
     import ast
     import textwrap
 
@@ -192,7 +201,9 @@ def instruction_pool(held_out: bool, kinds: tuple[str, ...] = ("function",)) -> 
                           f"this: {summary}")
         elif "method" in kinds and owner and not owner.startswith("_"):
             found.add(f"Write the method `{owner}.{node.name}({arguments})` of a Python class `{owner}`: {summary}")
-    return sorted(found)
+    if held_out:
+        found -= set(_instruction_pool(False, kinds))
+    return tuple(sorted(found))
 
 
 def instructions(held_out: bool, count: int, seed: int, kinds: tuple[str, ...] = ("function",)) -> list[str]:

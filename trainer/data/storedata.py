@@ -25,7 +25,7 @@ from trainer.common.files import atomic_write, open_lock_file, permission_proble
 from trainer.config.schema import TrainConfig
 from trainer.data.datasets import Dataset, Plan
 from trainer.data.rows import Sequence
-from trainer.data.store import TokenStore
+from trainer.data.store_reader import TokenStore
 
 PLAN_VERSION = 1
 PLAN_ARRAYS = ("doc_row", "doc_start", "doc_len", "eval_docs", "row_offsets", "row_docs", "row_bucket")

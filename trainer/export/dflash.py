@@ -27,28 +27,18 @@ from trainer.targets import maketarget
 from trainer.train import checkpoint
 
 # Trainer parameter name (within layers.N.) -> the reference's.
-LAYER_NAMES = {
-    "input_norm.weight": "input_layernorm.weight",
-    "post_norm.weight": "post_attention_layernorm.weight",
-    **{f"{p}_proj.weight": f"self_attn.{p}_proj.weight" for p in "qkvo"},
-    **{f"{p}_norm.weight": f"self_attn.{p}_norm.weight" for p in "qk"},
-    **{f"{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
-}
-TOP_NAMES = {"fuse.weight": "fc.weight", "fuse_norm.weight": "hidden_norm.weight", "final_norm.weight": "norm.weight"}
-
-
-def serving_name(name: str) -> str:
-    if name in TOP_NAMES:
-        return TOP_NAMES[name]
-    prefix, index, rest = (name.split(".", 2) + ["", ""])[:3]
-    if prefix != "layers" or not index.isdigit() or rest not in LAYER_NAMES:
-        raise TrainerInputError(f"drafter parameter {name[:80]!r} has no DFlash serving name; the checkpoint is not "
-                                f"a drafter of this trainer")
-    return f"layers.{index}.{LAYER_NAMES[rest]}"
-
-
 def serving_state_dict(drafter_state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    return {serving_name(name): tensor.detach().to("cpu", dtype).contiguous() for name, tensor in drafter_state.items()}
+    """The drafter's weights as served: its parameters carry the reference model's names already."""
+    return {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in drafter_state.items()}
+
+
+def serving_names(num_layers: int) -> set[str]:
+    """Every weight a DFlash drafter of `num_layers` layers has (DESIGN.md's serving format)."""
+    layer = [f"self_attn.{p}_proj.weight" for p in "qkvo"] + [f"self_attn.{p}_norm.weight" for p in "qk"] \
+        + [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")] \
+        + ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    return {"fc.weight", "hidden_norm.weight", "norm.weight"} | {f"layers.{i}.{name}" for i in range(num_layers)
+                                                                  for name in layer}
 
 
 def drafter_config(cfg: TrainConfig, layer_ids: list[int], mask_token_id: int, dtype: str,
@@ -149,8 +139,7 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
         raise TrainerInputError("the checkpoint records no target identity for its random target; it cannot be "
                                 "rebuilt exactly: export a checkpoint this trainer wrote")
     weights = serving_state_dict(state["drafter"], getattr(torch, meta["dtype"]))
-    expected = set(TOP_NAMES.values()) | {f"layers.{i}.{name}" for i in range(cfg.drafter.num_layers)
-                                          for name in LAYER_NAMES.values()}
+    expected = serving_names(cfg.drafter.num_layers)
     if set(weights) != expected:
         odd = sorted(expected ^ set(weights))[0]
         raise TrainerInputError(f"the checkpoint's drafter weights do not match its config ({odd!r} missing or "

@@ -85,22 +85,44 @@ BACKENDS = {"sdpa": SdpaAttention, "flex": FlexAttention}
 EVAL_ATTENTION = SdpaAttention
 
 
-class DrafterLayer(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, theta: float,
-                 eps: float):
+class DrafterAttention(nn.Module):
+    """The attention's weights, named as Qwen3's `self_attn` (the reference DFlash model loads them by these names).
+    The layer runs them: the same k/v projections serve the block and the injected context."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, head_dim, theta
-        self.input_norm = RMSNorm(hidden, eps)
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
-        self.post_norm = RMSNorm(hidden, eps)
+
+
+class DrafterMLP(nn.Module):
+    """SwiGLU, named as Qwen3's `mlp`."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class DrafterLayer(nn.Module):
+    # Modules are made in the order of the first layout (norm, attention, norm, MLP): the same seed draws the same
+    # weights, and an optimizer state saved by it (parameters by index) still lines up.
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, theta: float,
+                 eps: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, head_dim, theta
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = DrafterAttention(hidden, heads, kv_heads, head_dim, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = DrafterMLP(hidden, intermediate)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -108,19 +130,19 @@ class DrafterLayer(nn.Module):
 
     def forward(self, x, context, ctx_pos, block_pos, attention, prepared):
         # x (B, Q, H) block stream; context (B, S, H) fused target states, already normalised.
-        h = self.input_norm(x)
-        q = rope(self.q_norm(self._heads(self.q_proj(h), self.heads)), block_pos, self.theta)  # (B, h, Q, d)
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        q = rope(attn.q_norm(self._heads(attn.q_proj(h), self.heads)), block_pos, self.theta)  # (B, h, Q, d)
         # KV injection: the same k/v projections over the target context and over the block tokens.
-        k_ctx = rope(self.k_norm(self._heads(self.k_proj(context), self.kv_heads)), ctx_pos, self.theta)
-        k_blk = rope(self.k_norm(self._heads(self.k_proj(h), self.kv_heads)), block_pos, self.theta)
-        v_ctx = self._heads(self.v_proj(context), self.kv_heads)
-        v_blk = self._heads(self.v_proj(h), self.kv_heads)
+        k_ctx = rope(attn.k_norm(self._heads(attn.k_proj(context), self.kv_heads)), ctx_pos, self.theta)
+        k_blk = rope(attn.k_norm(self._heads(attn.k_proj(h), self.kv_heads)), block_pos, self.theta)
+        v_ctx = self._heads(attn.v_proj(context), self.kv_heads)
+        v_blk = self._heads(attn.v_proj(h), self.kv_heads)
         k = torch.cat([k_ctx, k_blk], dim=2)  # (B, kvh, S+Q, d)
         v = torch.cat([v_ctx, v_blk], dim=2)
         out = attention.attend(q, k, v, prepared)  # (B, h, Q, d)
-        x = x + self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
-        h = self.post_norm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Drafter(nn.Module):
@@ -130,11 +152,12 @@ class Drafter(nn.Module):
                  num_layers: int, num_taps: int, block_size: int, eps: float = 1e-6):
         super().__init__()
         self.block_size = block_size
-        self.fuse = nn.Linear(num_taps * hidden, hidden, bias=False)
-        self.fuse_norm = RMSNorm(hidden, eps)
+        # Named as the reference DFlash model names them: fc and hidden_norm fuse the tapped states, norm ends.
+        self.fc = nn.Linear(num_taps * hidden, hidden, bias=False)
+        self.hidden_norm = RMSNorm(hidden, eps)
         self.layers = nn.ModuleList(DrafterLayer(hidden, heads, kv_heads, head_dim, intermediate, theta, eps)
                                     for _ in range(num_layers))
-        self.final_norm = RMSNorm(hidden, eps)
+        self.norm = RMSNorm(hidden, eps)
 
     def forward(self, tapped: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor, attention,
                 prepared=None, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -146,7 +169,7 @@ class Drafter(nn.Module):
         if prepared is None:
             prepared = attention.prepare(anchors, tapped.shape[1], self.block_size)
         batch, context_len, _ = tapped.shape
-        context = self.fuse_norm(self.fuse(tapped))  # (B, S, H)
+        context = self.hidden_norm(self.fc(tapped))  # (B, S, H)
         if positions is None:  # one document from 0; the anchor may lie just past the context (decoding)
             ctx_pos = torch.arange(context_len, device=tapped.device).expand(batch, -1)  # (B, S)
             anchor_pos = anchors.clamp(min=0)  # (B, N)
@@ -158,7 +181,7 @@ class Drafter(nn.Module):
         x = block_embeds
         for layer in self.layers:
             x = layer(x, context, ctx_pos, block_pos, attention, prepared)
-        return self.final_norm(x)
+        return self.norm(x)
 
 
 def build_drafter(cfg, target_cfg, num_taps: int) -> Drafter:

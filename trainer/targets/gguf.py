@@ -6,7 +6,6 @@ lock), then the weights go to safetensors beside the tokenizer and its chat temp
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trainer.common.errors import TrainerInputError
@@ -42,8 +41,3 @@ def convert(gguf: Path, out: Path) -> dict:
     return {"model_type": model.config.model_type, "parameters": sum(p.numel() for p in model.parameters()),
             "vocab_size": model.config.vocab_size, "tied_embeddings": bool(model.config.tie_word_embeddings),
             "chat_template": True, "files": sorted(p.name for p in out.iterdir())}
-
-
-def cmd_convert_gguf(args) -> int:
-    print(json.dumps(convert(Path(args.gguf), Path(args.out))))
-    return 0

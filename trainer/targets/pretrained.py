@@ -1,6 +1,6 @@
 """Pretrained targets fetched by name and version, checked against a pinned sha256, converted once (gguf.py) into
 ENVKIT_HOME/targets/NAME-KEY and reused like the trained targets (maketarget.py's build records: a dir changed
-since it was converted is refused). envkit fetches and converts (`envkit target fetch chat`, envkit/targets.py);
+since it was converted is refused). envkit fetches and converts (`envkit target fetch chat`, envkit/trainerproc/pretrained_target.py);
 the trainer only finds the converted dir. Torch-free.
 """
 

@@ -49,6 +49,7 @@ def load(path: Path) -> dict:
         raise TrainerInputError(f"checkpoint {path} is not a weights-only checkpoint of this trainer ({reason}); "
                                 f"nothing in it was run") from None
     _check_state(path, state)
+    state["drafter"] = _current_names(state["drafter"])
     return state
 
 
@@ -97,6 +98,28 @@ def restore_rng(path: Path, rng) -> None:
     except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
         raise TrainerInputError(f"checkpoint {path}: its random state is malformed ({str(exc)[:120]}); "
                                 f"the checkpoint is damaged") from None
+
+
+# The drafter's parameters before they took the reference DFlash model's names (envkit 0.1.0 checkpoints up to
+# 2026-12-07): a checkpoint that holds them is read under today's names, so older runs still resume and export.
+_FIRST_NAMES = {"fuse.": "fc.", "fuse_norm.": "hidden_norm.", "final_norm.": "norm.",
+                "input_norm.": "input_layernorm.", "post_norm.": "post_attention_layernorm.",
+                **{f"{p}_proj.": f"self_attn.{p}_proj." for p in "qkvo"},
+                **{f"{p}_norm.": f"self_attn.{p}_norm." for p in "qk"},
+                **{f"{p}_proj.": f"mlp.{p}_proj." for p in ("gate", "up", "down")}}
+
+
+def _current_name(name: str) -> str:
+    layer, rest = "", name
+    if name.startswith("layers."):
+        index, _, rest = name[len("layers."):].partition(".")
+        layer = f"layers.{index}."
+    first = next((old for old in _FIRST_NAMES if rest.startswith(old)), None)
+    return layer + (_FIRST_NAMES[first] + rest[len(first):] if first else rest)
+
+
+def _current_names(drafter: dict) -> dict:
+    return {_current_name(name): tensor for name, tensor in drafter.items()}
 
 
 def _check_state(path: Path, state) -> None:

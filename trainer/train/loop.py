@@ -17,35 +17,24 @@ import random
 import resource
 import threading
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-from trainer.train import checkpoint
-
-from trainer.data import datasets
-
-from trainer.eval import teacher_forced as evaluate
-
-from trainer.model import fp8
-from trainer.model.drafter import EVAL_ATTENTION
-
-from trainer.safety import threadsafe
-
 from trainer.common.errors import NonFiniteLoss, TrainerInputError
 from trainer.common.records import EvalRow, StepRow, Summary, WalkRow
 from trainer.config.schema import TrainConfig
-from trainer.eval import walk
+from trainer.eval.evaluator import Evaluator, describe_eval, describe_walk
 from trainer.metrics.board import Board
 from trainer.metrics.monitor import CompileMonitor, inductor_cache_counters
-from trainer.model.target import eager_target, weights_checksum
+from trainer.model.target import weights_checksum
+from trainer.safety import threadsafe
+from trainer.train import checkpoint
 from trainer.train.executors import SequentialExecutor, StepResult, ThreadedExecutor
 from trainer.train.faults import NONE as NO_FAULTS, Faults
 from trainer.train.gradients import any_rank, max_across_ranks, sum_across_ranks, weights_digest
 from trainer.train.launcher import restart_count
 from trainer.train.setup import Setup, build, device_of
-from trainer.train.steps import step_inputs
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -83,6 +72,7 @@ class Trainer:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.monitor = CompileMonitor()
+        self.evaluator = Evaluator(setup, self.monitor, log)
         self.step_count = 0
         self.first_loss: float | None = None
         self.recent_losses: list[float] = []  # the summary's end loss is their mean: one batch is noisy
@@ -298,7 +288,7 @@ class Trainer:
         self.save_checkpoint()
         final_walk = self.evaluate_walk()
         self._log_walk(final_walk)
-        self._log_walk_example(final_walk["walk_tau_by_prompt"])
+        self.evaluator.log_walk_example(final_walk["walk_tau_by_prompt"])
         return self.summary(first_eval, final_eval, final_walk, counters)
 
     def _stop_requested(self) -> bool:
@@ -317,92 +307,13 @@ class Trainer:
     def is_writer(self) -> bool:
         return not self.dist or self.dist.get_rank() == 0
 
-    # -- evaluation -------------------------------------------------------------------------------
+    # -- evaluation (trainer/eval/evaluator.py) ----------------------------------------------------
     def evaluate(self) -> EvalRow:
-        with self.monitor.excluding():
-            return self._evaluate()
-
-    @torch.no_grad()
-    def _evaluate(self) -> EvalRow:
-        self.setup.replica.drafter.eval()
-        generator = torch.Generator().manual_seed(12_345)  # the same positions at every eval
-        # Teacher-forced against the bf16 target, as serving verifies, whatever the target trains with (its
-        # compiled layers were made for the FP8 path: the switched target runs eager).
-        eager = eager_target() if self.cfg.fp8 in ("target", "both") else nullcontext()
-        with fp8.bf16_target(self.setup.target), eager:
-            scores = self._score_eval_blocks(generator)
-        return EvalRow(step=self.step_count, eval=True, **evaluate.summarise(scores))
-
-    def _score_eval_blocks(self, generator: torch.Generator) -> dict:
-        cfg, setup = self.cfg, self.setup
-        replica = setup.replica
-        scores = {"drafter": [], "repeat": [], "copy": []}
-        for bucket, members in sorted(setup.eval_data.by_bucket.items()):
-            for start in range(0, len(members), cfg.batch_size):
-                rows = [setup.eval_data.row(i) for i in members[start:start + cfg.batch_size]]
-                batch = datasets.collate(rows, bucket)
-                inputs = step_inputs(setup, batch, generator).to(replica.device)
-                anchors = inputs.anchors
-                draft = replica.draft(inputs.tapped, inputs.block_ids, anchors, inputs.positions, inputs.doc_ids)  # (B, Q)
-                draft = draft.view(anchors.shape[0], anchors.shape[1], cfg.drafter.block_size)
-                for name, values in evaluate.score_blocks(draft, batch["input_ids"], batch["lengths"], anchors.cpu(),
-                                                          cfg.drafter.block_size).items():
-                    scores[name] += values
-        return scores
-
-    def walk_prompts(self) -> list[list[int]]:
-        """Held-out prompts: each sequence up to its first supervised token (the part the target continues)."""
-        prompts = []
-        for seq in self.setup.eval_data.sequences[: self.cfg.walk_prompts]:
-            first = next((i for i, m in enumerate(seq.loss_mask) if m), len(seq.input_ids))
-            prompts.append(seq.input_ids[: max(1, first)])
-        return prompts
+        return self.evaluator.teacher_forced(self.step_count)
 
     def evaluate_walk(self, taps: list[int] | None = None, zero_context: bool = False,
                       prompts: list[list[int]] | None = None) -> WalkRow:
-        """Greedy speculative decoding with the drafter and the two no-learning rules, each checked lossless.
-        `taps` (other target layers than trained with) and `zero_context` feed the drafter wrong context
-        features: the ablations that show whether its acceptance comes from the target."""
-        setup = self.setup
-        if taps is not None and len(taps) != len(setup.layer_ids):
-            raise TrainerInputError(f"--taps needs {len(setup.layer_ids)} layer ids (the drafter was trained on "
-                                    f"{setup.layer_ids}), not {taps}")
-        if taps is not None and not all(0 <= t < self.cfg.target.num_layers for t in taps):
-            raise TrainerInputError(f"--taps {taps} outside the target's {self.cfg.target.num_layers} layers")
-        # The walk verifies against the bf16 target, as serving does, whatever the target trained with.
-        with self.monitor.excluding(), torch.no_grad(), fp8.bf16_target(setup.target):
-            block = self.cfg.drafter.block_size
-            result = walk.evaluate_walk(setup.target, self._drafter_proposer(zero_context), prompts or self.walk_prompts(),
-                                        self.cfg.walk_new_tokens, block, setup.layer_ids if taps is None else taps,
-                                        setup.dtype)
-        return WalkRow(step=self.step_count, eval=True, method="walk", **result)
-
-    def _drafter_proposer(self, zero_context: bool = False):
-        replica = self.setup.replica
-        replica.drafter.eval()
-        return walk.DrafterProposer(replica.drafter, EVAL_ATTENTION, replica.embed_weight, replica.head_weight,
-                                     self.setup.mask_token_id, self.setup.dtype,
-                                     zero_context=zero_context or self.cfg.drafter.context == "zeros")
-
-    def _log_walk_example(self, tau_by_prompt: list[float]) -> None:
-        """The walk of the held-out prompt with the median acceptance, drafted blocks marked accepted or
-        rejected: what speculation did, for data with a tokenizer to show it."""
-        setup = self.setup
-        if not setup.tokenizer_path or not tau_by_prompt:
-            return
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(setup.tokenizer_path, local_files_only=True)
-        index = sorted(range(len(tau_by_prompt)), key=tau_by_prompt.__getitem__)[len(tau_by_prompt) // 2]
-        prompt = self.walk_prompts()[index]
-        trace: list[walk.Forward] = []
-        with self.monitor.excluding(), torch.no_grad():
-            walk.walk(setup.target, self._drafter_proposer(), prompt, self.cfg.walk_new_tokens,
-                      self.cfg.drafter.block_size, setup.layer_ids, trace)
-        self.log(f"walk example (held-out prompt {index + 1}, the median: {tau_by_prompt[index]:.2f} tokens per "
-                 f"target forward; {len(trace)} forwards):")
-        for line in walk.render_example(tokenizer, prompt, trace):
-            self.log("  " + line)
+        return self.evaluator.walk(self.step_count, taps, zero_context, prompts)
 
     def summary(self, first_eval: dict, final_eval: dict, final_walk: dict, counters: dict) -> Summary:
         tau = final_eval["acceptance_length"]
@@ -445,21 +356,12 @@ class Trainer:
 
     def _log_eval(self, row: dict) -> None:
         self._write(row)
-        self.log(f"eval step {row['step']}: tau {row['acceptance_length']:.2f} (repeat-anchor "
-                 f"{row['baseline_repeat_tau']:.2f}, copy {row['baseline_copy_tau']:.2f}) over "
-                 f"{row['eval_positions']} positions")
+        self.log(describe_eval(row))
 
     def _log_walk(self, row: dict) -> None:
         self._write(row)
-        self.log(f"walk step {row['step']}: tau {row['walk_tau']:.2f} (repeat-anchor {row['walk_repeat_tau']:.2f}, "
-                 f"copy {row['walk_copy_tau']:.2f}) over {row['walk_counted']} prompts x {row['walk_new_tokens']} "
-                 f"tokens ({row['walk_verified']} verified block by block: lossless, {row['walk_verified_agree']} "
-                 f"accepting what the batched walk did; {row['walk_near_ties']} near-ties)")
-        if row["walk_degenerate"]:
-            left = ("left out of these figures" if row["walk_counted"] < row["walk_prompts"] else
-                    "every prompt: the figures are over them all and measure the loop, not the drafter")
-            self.log(f"walk: the target continued {row['walk_degenerate']} of {row['walk_prompts']} prompts "
-                     f"degenerately (one token over half of the continuation): {left}")
+        for line in describe_walk(row):
+            self.log(line)
 
     # -- state ------------------------------------------------------------------------------------
     @functools.cached_property

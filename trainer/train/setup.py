@@ -21,7 +21,7 @@ from trainer.model import fp8
 
 from trainer.common.errors import TrainerInputError
 from trainer.config.schema import TrainConfig, target_layer_ids
-from trainer.data import store
+from trainer.data import store, store_reader
 from trainer.data.storedata import store_datasets
 from trainer.model.drafter import build_drafter, pick_attention
 from trainer.model.target import build_target, compile_layers, sync_config_from_model, target_dir
@@ -152,7 +152,7 @@ def store_data(cfg: TrainConfig, log) -> tuple[datasets.Dataset, datasets.Datase
     prepared = store.prepare(cfg.data.path, tokenizer_dir=tokenizer_source(cfg),
                              template_kwargs=cfg.data.chat_template_kwargs, skip_bad=cfg.data.skip_bad,
                              vocab_size=cfg.target.vocab_size, log=log, progress=store.Progress())
-    opened = store.open_store(Path(prepared.store))
+    opened = store_reader.open_store(Path(prepared.store))
     train, eval_data = store_datasets(opened, cfg, cfg.drafter.block_size, prepared.skipped)
     how = "reused" if prepared.reused else f"prepared in {prepared.seconds:.1f}s ({prepared.rows_per_s:,.0f} rows/s)"
     log(f"data: token store {prepared.store} ({how}): {prepared.rows:,} rows, {prepared.tokens:,} tokens, "

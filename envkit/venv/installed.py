@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from envkit.lock.names import PEP508_NAME
 from envkit.support.safeio import UnsafeFile, read_text
 
 # PEP 508's name rule: what a requirement line, a lock and a `pip download` may be given. Anything else
 # (`-e DIR #`, `pkg @ file://...`, `x; touch y`) is installer or shell syntax, never a name.
-PEP508_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 METADATA_LIMIT = 4 << 20  # headers come first; no real METADATA comes near this
 
 

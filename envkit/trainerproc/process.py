@@ -7,11 +7,11 @@ import subprocess
 from pathlib import Path
 
 from envkit import paths
-from envkit.cache import cacheenv
+from envkit.trainerproc import cacheenv
 from envkit.errors import CacheError, EnvkitError
-from envkit.run.isolation import without_engine_variables
-from envkit.venv import Venv
-from trainer.common.children import die_with_parent
+from envkit.trainerproc.isolation import without_engine_variables
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import die_with_parent
 
 
 def trainer_command(venv: Venv, *args: str) -> list[str]:
@@ -21,8 +21,8 @@ def trainer_command(venv: Venv, *args: str) -> list[str]:
 
 def trainer_env(venv: Venv, cache_dir: Path | None, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the trainer runs with, from the user's (`environ`, default ours): the bundled trainer
-    importable, the private cache (envkit/cache/cacheenv.py)."""
-    environ = without_engine_variables(os.environ if environ is None else environ)  # envkit/run/isolation.py
+    importable, the private cache (envkit/trainerproc/cacheenv.py)."""
+    environ = without_engine_variables(os.environ if environ is None else environ)  # envkit/trainerproc/isolation.py
     env = cacheenv.apply(environ, cache_dir) if cache_dir is not None else environ
     env["PYTHONPATH"] = str(paths.trainer_root())
     env["PYTHONUNBUFFERED"] = "1"

@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from envkit import state
+from envkit.support import state
 from envkit.errors import ProfileError
 from envkit.lock import profile as profiles
 from envkit.support.text import printable
-from envkit.venv import Venv
+from envkit.venv.managed import Venv
 
 KIND = "venvs"
 

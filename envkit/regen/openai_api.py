@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 
 from envkit.errors import EnvkitError
-from envkit.regen.http import Connection, Endpoint, HttpError
+from envkit.regen.bounded_http import Connection, Endpoint, HttpError
 from envkit.support.text import printable
-from trainer.common.files import loads_json
+from envkit.support.trainer_helpers import loads_json
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 INFO_LIMIT = 1 << 20  # /v1/models, /version: kilobytes

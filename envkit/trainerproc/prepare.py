@@ -7,10 +7,10 @@ import sys
 
 from envkit.errors import RunError
 from envkit.support.text import printable
-from envkit.trainer_process import trainer_command, trainer_env, trainer_failure
-from envkit.venv import Venv
-from trainer.common.children import die_with_parent
-from trainer.common.files import loads_json
+from envkit.trainerproc.process import trainer_command, trainer_env, trainer_failure
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import die_with_parent
+from envkit.support.trainer_helpers import loads_json
 
 
 def prepare(venv: Venv, args: list[str]) -> dict:

@@ -13,7 +13,7 @@ from envkit.errors import RunError
 from envkit.run.rundir import LOG, RUN_JSON, boot_id, check_run_name, read_run
 from envkit.support.safeio import UnsafeFile, open_regular, read_text
 from envkit.support.text import printable
-from trainer.common.files import loads_json
+from envkit.support.trainer_helpers import loads_json
 
 METRICS_LIMIT = 256 << 20
 

@@ -4,7 +4,8 @@ defines that row for its writer and its readers).
 - `conversations` rows go to chat completions, one request per assistant turn answered, in order, each sent the
   conversation up to that turn with the earlier answers already the target's (`turns="all"`, as SpecForge and
   vLLM's speculators regenerate), or only the last one (`turns="last"`); a conversation that ends on a user turn
-  gains the answer to it. System and tool turns pass through as they are.
+  gains the answer to it. System and tool turns pass through as they are; a row with `tools` or an assistant turn
+  with `tool_calls` is set aside (the errors file), never answered as plain text.
 - `prompt` (or `text`) rows go to completions: the row gains `completion`, the only part the trainer supervises.
 """
 
@@ -13,10 +14,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from trainer.data.regenerated import completion_row, conversation_row
+from envkit.support.trainer_helpers import completion_row, conversation_row
 
 ROLES = ("system", "user", "assistant", "tool")
 TURNS = ("all", "last")
+TOOLS_SET_ASIDE = ("the row has tools or tool calls, which regenerate does not send: the target's answer without them "
+                   "would replace a tool call with text")
 
 
 class BadRow(ValueError):
@@ -29,6 +32,7 @@ class Plan:
     messages: tuple[dict, ...] = ()  # chat: the conversation as given
     answer_at: tuple[int, ...] = ()  # chat: the turns answered anew (len(messages): an answer appended)
     prompt: str = ""  # completions
+    set_aside: str | None = None  # a row regenerate cannot reproduce: to the errors file with this reason, unsent
 
 
 def plan_for(row: object, turns: str = "all") -> Plan:
@@ -39,7 +43,12 @@ def plan_for(row: object, turns: str = "all") -> Plan:
     except UnicodeEncodeError:
         raise BadRow("a string holds a lone surrogate (\\ud800-\\udfff), which is not text a server can read") from None
     if "conversations" in row:
-        return _chat_plan(row["conversations"], turns)
+        plan = _chat_plan(row["conversations"], turns)
+        if row.get("tools") or any(message.get("tool_calls") for message in plan.messages):
+            # Answered without its tools, the target would write plain text where it called a tool: the row would
+            # be rewritten, not regenerated. Kept out of OUT, with its reason, rather than changed.
+            return Plan(plan.endpoint, plan.messages, plan.answer_at, set_aside=TOOLS_SET_ASIDE)
+        return plan
     prompt = row.get("prompt", row.get("text"))
     if not isinstance(prompt, str) or not prompt:
         raise BadRow("expected `conversations`, or a non-empty string `prompt` or `text`")

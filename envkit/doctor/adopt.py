@@ -15,14 +15,14 @@ from envkit import __version__, paths
 from envkit.doctor.context import Context
 from envkit.doctor.packages import stray_reasons
 from envkit.errors import ProfileError
-from envkit.installed import invalid_dist_infos
+from envkit.venv.installed import invalid_dist_infos
 from envkit.lock import profile as profiles
 from envkit.lock import wheelhouse
 from envkit.lock.profile import DEFAULT_PLATFORM, Profile
 from envkit.lock.resolve import compile_packages
 from envkit.lock.uvtool import uv_version
-from envkit.venv import Venv
-from trainer.common.files import atomic_write
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import atomic_write
 
 
 @dataclass(frozen=True)

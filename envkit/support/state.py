@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 from envkit import paths
-from envkit.cache.trust import permission_problem
+from envkit.support.trust import permission_problem
 from envkit.support.fsops import write_json_atomic
 from envkit.support.text import printable
-from trainer.common.files import read_json_file
+from envkit.support.trainer_helpers import read_json_file
 
 RECORD_LIMIT = 64 << 20
 

@@ -1,7 +1,7 @@
 """Hazard mitigations proven in a venv: run the trainer's self-tests there and record what they showed.
 
 `prove()` runs `python -m trainer selftest` in the venv with the environment training gets (the
-private cache dirs, the warm lock held) and records the result in envkit's own state (envkit/state.py),
+private cache dirs, the warm lock held) and records the result in envkit's own state (envkit/support/state.py),
 never in the venv: a record a venv carries is its own word. The record is bound to the venv's identity
 (path, directory inode) and to what the test ran against (the torch version, the digest of torch's
 RECORD, the trainer's source digest). Doctor calls a hazard mitigated only when such a record passed
@@ -18,12 +18,12 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from envkit import state
+from envkit.support import state
 from envkit.errors import CacheError, VenvError
 from envkit.support.safeio import UnsafeFile, read_bytes
-from envkit.trainer_process import run_trainer, trainer_env
-from envkit.venv import Venv
-from trainer.common.mitigations import MITIGATIONS, WARM_LOCK_ENV
+from envkit.trainerproc.process import run_trainer, trainer_env
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import MITIGATIONS, WARM_LOCK_ENV
 
 
 KIND = "selftest"

@@ -16,9 +16,9 @@ from pathlib import Path
 from filelock import FileLock
 
 from envkit import __version__, paths
-from envkit import venvrecord
+from envkit.venv import record as venvrecord
 from envkit.errors import VenvError
-from envkit.installed import installed_versions
+from envkit.venv.installed import installed_versions
 from envkit.lock import profile as profiles
 from envkit.lock import wheelhouse
 from envkit.lock.profile import Profile
@@ -27,7 +27,7 @@ from envkit.lock.uvtool import run_uv, uv_version
 from envkit.support.fsops import exchange
 from envkit.support.fsops import write_json_atomic
 from envkit.support.progress import Phases
-from envkit.venv import Venv
+from envkit.venv.managed import Venv
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from envkit import paths
 from envkit.errors import VenvError
 from envkit.support.safeio import UnsafeFile, read_bytes
 from envkit.support.text import printable
-from trainer.common.files import read_json_file
+from envkit.support.trainer_helpers import read_json_file
 
 MANIFEST = "envkit.json"
 MANIFEST_LIMIT = 1 << 20

