@@ -15,14 +15,19 @@ from envkit.regen.retry import retry_failed
 from envkit.support.text import printable
 
 
-def regenerate(request: RegenRequest) -> RegenResult:
-    """Answer every prompt row of `request.prompts` into `request.out` (see the module docstring)."""
-    check_request(request)
+def connect(request) -> list[openai_api.Server]:
+    """The request's --server URLs as servers (regenerate's and synthesize's): a bad URL is one line."""
     try:
         endpoints = [parse_endpoint(server) for server in request.servers]
     except ValueError as exc:
         raise RegenError(f"--server: {exc}") from None
-    servers = [openai_api.Server(endpoint, min(10.0, request.connect_timeout_s) or 10.0) for endpoint in endpoints]
+    return [openai_api.Server(endpoint, min(10.0, request.connect_timeout_s) or 10.0) for endpoint in endpoints]
+
+
+def regenerate(request: RegenRequest) -> RegenResult:
+    """Answer every prompt row of `request.prompts` into `request.out` (see the module docstring)."""
+    check_request(request)
+    servers = connect(request)
     with PromptFile(request.prompts) as prompts:
         listed = {server.url: server.models(request.connect_timeout_s) for server in servers}
         model = choose_model(listed, request.model)

@@ -28,10 +28,9 @@ from pathlib import Path
 from envkit import __version__
 from envkit.errors import RegenError
 from envkit.regen import openai_api
-from envkit.regen.bounded_http import parse_endpoint
 from envkit.regen.job import Item, Outcome, Run
 from envkit.regen.ledger import MANIFEST_FORMAT, Ledger, manifest_path
-from envkit.regen.regenerate import choose_model
+from envkit.regen.regenerate import choose_model, connect
 from envkit.support.fsops import write_json_atomic
 from envkit.support.trainer_helpers import atomic_write, read_json_file
 
@@ -188,10 +187,19 @@ class Synthesis:
     def item(self, index: int, number: int, raw: bytes) -> Item:
         return Item(index, number, {}, None)
 
-    def _generate(self, server, endpoint: str, payload: dict, max_tokens: int) -> openai_api.Reply:
+    def _ask(self, server, endpoint: str, payload: dict, outcome: Outcome, where: str) -> openai_api.Reply | None:
+        """One request, its tokens and finish reason recorded; None when the server would not answer (the row is
+        set aside with the reason and `where`)."""
         request = self.request
-        return server.generate(endpoint, payload, max_tokens=max_tokens, retries=request.retries,
-                               backoff_s=request.backoff_s, timeout_s=request.request_timeout_s)
+        try:
+            reply = server.generate(endpoint, payload, max_tokens=payload["max_tokens"], retries=request.retries,
+                                    backoff_s=request.backoff_s, timeout_s=request.request_timeout_s)
+        except openai_api.RowFailed as exc:
+            outcome.failure = f"{exc} ({where})"
+            return None
+        outcome.tokens.append(reply.tokens)
+        outcome.finish.append(reply.finish_reason)
+        return reply
 
     def answer(self, server, item: Item, model: str) -> Outcome:
         request, template = self.request, self.request.template
@@ -201,13 +209,9 @@ class Synthesis:
                        "temperature": request.temperature, "top_p": request.top_p, "stop": [template["user_stop"]],
                        "seed": (request.seed * SEED_STRIDE + item.number * TURN_SEEDS + turn) % 2 ** 31,
                        **self.extra_by_server.get(server.url, {})}
-            try:
-                reply = self._generate(server, "completions", payload, request.max_tokens)
-            except openai_api.RowFailed as exc:
-                outcome.failure = f"{exc} (user turn {turn + 1})"
+            reply = self._ask(server, "completions", payload, outcome, f"user turn {turn + 1}")
+            if reply is None:
                 return outcome
-            outcome.tokens.append(reply.tokens)
-            outcome.finish.append(reply.finish_reason)
             text = reply.text.removesuffix(template["user_stop"]).strip()
             why = rejection(text, reply.finish_reason, request, self.markers)
             if why:
@@ -232,13 +236,10 @@ class Synthesis:
         payload = {"model": model, "messages": conversation, "max_tokens": request.answer_tokens, "temperature": 0.0}
         if request.chat_template_kwargs:
             payload["chat_template_kwargs"] = request.chat_template_kwargs
-        try:
-            reply = self._generate(server, "chat/completions", payload, request.answer_tokens)
-        except openai_api.RowFailed as exc:
-            outcome.failure = f"{exc} (the answer to user turn {len(conversation) // 2 + 1})"
+        reply = self._ask(server, "chat/completions", payload, outcome,
+                          f"the answer to user turn {len(conversation) // 2 + 1}")
+        if reply is None:
             return None
-        outcome.tokens.append(reply.tokens)
-        outcome.finish.append(reply.finish_reason)
         if not reply.text.strip():
             outcome.rejected = f"empty answer (turn {len(conversation) + 1})"
             return None
@@ -318,11 +319,7 @@ def _write_split(out: Path, share: float) -> dict:
 
 def synthesize(request: SynthRequest) -> SynthResult:
     check_request(request)
-    try:
-        endpoints = [parse_endpoint(server) for server in request.servers]
-    except ValueError as exc:
-        raise RegenError(f"--server: {exc}") from None
-    servers = [openai_api.Server(endpoint, min(10.0, request.connect_timeout_s) or 10.0) for endpoint in endpoints]
+    servers = connect(request)
     listed = {server.url: server.models(request.connect_timeout_s) for server in servers}
     model = choose_model(listed, request.model)
     recipe = _recipe(request)
