@@ -116,8 +116,12 @@ def code_run(tmp_path_factory, cpu_venv):
     """`envkit train --preset code` in a home with no target yet: the first run builds code_tiny, which the serve
     tests then serve (one build for both)."""
     def train(tmp: Path) -> None:
+        openings = tmp / "openings.jsonl"  # a second kind of traffic, walked and reported on its own at the end
+        openings.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in
+                                    ("def read_config(path):\n    with open(", "class Stack:\n    def push(self, item")))
         proc = run_envkit("train", "--venv", str(cpu_venv), *preset_args(tmp, "code"), "--name", "code", "--",
-                          "--steps", str(CODE_RUN_STEPS), EAGER, env=_run_env(tmp), timeout=1800)
+                          "--steps", str(CODE_RUN_STEPS), EAGER, "--walk-file", str(openings), env=_run_env(tmp),
+                          timeout=1800)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         (tmp / "output.txt").write_text(proc.stdout + proc.stderr)
     tmp = built_once(tmp_path_factory, "code-run", train)

@@ -203,6 +203,37 @@ def data_synthesize_command(servers, tokenizer, count, out_path, turns, seed, te
                          f"in {result.held_out}; manifest {result.manifest}"))
 
 
+@data_group.command("mix")
+@click.option("--source", "sources", multiple=True, required=True, metavar="NAME=FILE",
+              help="A prompt file and the name its rows are counted and held out under; repeat for each source "
+                   "(e.g. synthesized=prompts.jsonl code=instructions.jsonl mine=my_prompts.jsonl).")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False), metavar="OUT.jsonl",
+              help="The training prompts; OUT.held-out.NAME.jsonl per source and OUT.jsonl.manifest.json beside it.")
+@click.option("--held-out", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
+              help="The share of each source's prompts, chosen by their digest, held out.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def data_mix_command(sources, out_path, held_out, as_json):
+    """Several prompt sources in one training file, each row tagged with its `source` and `id`, and a held-out file
+    per source, so that a walk reports acceptance per kind of traffic, e.g.
+    `envkit data mix --source synthesized=prompts.jsonl --source code=instructions.jsonl --out mixed.jsonl`.
+
+    \b
+    A prompt is its normalised user turns' digest: one given by two sources is kept once (counted as a duplicate
+    of the later), and the digest decides the held-out split, the rule `data synthesize` uses, never chance.
+    Then `envkit data regenerate --data OUT.jsonl` answers the training prompts, and `python -m trainer eval
+    --walk --prompts OUT.held-out.NAME.jsonl` (once per source) measures the drafter on each kind.
+    """
+    from envkit.prompts.mix import mix, parse_source
+
+    result = mix([parse_source(text) for text in sources], checked_output(out_path), held_out)
+    if as_json:
+        return print_json(as_dict(result))
+    for name, counts in result.sources.items():
+        click.echo(printable(f"{name}: {counts.rows:,} rows, {counts.train:,} to train, {counts.held_out:,} held out "
+                             f"in {counts.held_out_file}, {counts.duplicates:,} duplicates"))
+    click.echo(printable(f"{result.out}: {result.train_rows:,} training prompts; manifest {result.manifest}"))
+
+
 def _template_kwargs(text: str | None) -> dict | None:
     try:
         return parse_template_kwargs(text)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from envkit import __version__
 from envkit.errors import RegenError
+from envkit.prompts.identity import is_held_out, prompt_id
 from envkit.regen import openai_api
 from envkit.regen.job import Item, Outcome, Run
 from envkit.regen.ledger import MANIFEST_FORMAT, Ledger, manifest_path
@@ -110,19 +111,6 @@ def check_request(request: SynthRequest) -> None:
 
 
 # -- what is kept ---------------------------------------------------------------------------------------------------
-def normalised(text: str) -> str:
-    return " ".join(text.lower().split()).strip(" \t\"'`.,;:!?")
-
-
-def prompt_id(texts: list[str]) -> str:
-    """The digest of a row's normalised user turns: uniqueness, and the held-out split."""
-    return hashlib.sha256("\x1e".join(normalised(text) for text in texts).encode()).hexdigest()[:16]
-
-
-def is_held_out(row_id: str, share: float) -> bool:
-    return int(row_id[:8], 16) / 16 ** 8 < share
-
-
 def degenerate(text: str) -> bool:
     """Mostly one repeated word, line or character, or a loop (text that compresses to almost nothing)."""
     words = text.split()

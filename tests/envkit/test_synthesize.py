@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from envkit.regen.synthesize import SynthRequest, degenerate, is_held_out, normalised, prompt_id, rejection, \
-    template_markers
+from envkit.prompts.identity import is_held_out, normalised, prompt_id
+from envkit.regen.synthesize import SynthRequest, degenerate, rejection, template_markers
 
 pytestmark = pytest.mark.unit
 

@@ -50,6 +50,10 @@ def test_code_preset_builds_a_loadable_target_and_its_drafter_beats_the_rules(co
                   repeat=summary["walk_repeat_tau"], held_out_loss=record["held_out_loss"])
     assert summary["walk_tau"] > 1.1 * max(summary["walk_copy_tau"], summary["walk_repeat_tau"]), summary
     assert "walk example (held-out prompt " in output and "accepted" in output and "rejected" in output
+    # The run's --walk-file, walked at the end and reported on its own (a kind of traffic per file).
+    other = summary["walk_by_file"]["openings.jsonl"]
+    assert other["walk_prompts"] == 2 and other["walk_tau"] >= 1.0 and "walk_copy_tau" in other
+    assert "walk on openings.jsonl:" in output
     assert "\r" not in (run_dir / "train.log").read_text()  # no progress bars in the log
 
 
@@ -168,6 +172,15 @@ def test_the_walk_runs_on_a_users_own_prompts(code_run, tmp_path):
     row = json.loads(proc.stdout)
     assert row["walk_prompts"] == 3 and len(row["walk_tau_by_prompt"]) == 3 and row["walk_tau"] >= 1.0
     assert "walk_repeat_tau" in row and "walk_copy_tau" in row  # both rules, as the end-of-run walk
+    # One walk per kind of traffic: each file reported on its own, the same figures as walked alone.
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"prompt": "def greet(name):\n    print("}) + "\n")
+    both = subprocess.run([*command, "--prompts", str(other)], capture_output=True, text=True, cwd=PROJECT, env=env,
+                          timeout=600)
+    assert both.returncode == 0, both.stderr[-3000:]
+    by_file = json.loads(both.stdout)["by_file"]
+    assert set(by_file) == {"bench.jsonl", "other.jsonl"} and by_file["other.jsonl"]["walk_prompts"] == 1
+    assert by_file["bench.jsonl"]["walk_tau"] == row["walk_tau"]
     prompts.write_text(prompts.read_text() + '{"prompt": 7}\n')
     proc = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT, env=env, timeout=600)
     assert proc.returncode == 1 and f"{prompts}:4:" in proc.stderr and "Traceback" not in proc.stderr

@@ -22,9 +22,10 @@ def add_parser(sub) -> None:
                                                       "instead of those it was trained on (a tap error)")
     p.add_argument("--zero-context", action="store_true",
                    help="ablation: feed the drafter all-zero context features")
-    p.add_argument("--prompts", metavar="FILE",
+    p.add_argument("--prompts", metavar="FILE", action="append",
                    help="walk on your own prompts (JSONL: prompt or text strings, or conversations rendered with the "
-                        "run's chat template kwargs) instead of the held-out rows; the first walk_prompts of them")
+                        "run's chat template kwargs) instead of the held-out rows; the first walk_prompts of them. "
+                        "Repeat for several kinds of traffic: one walk a file, printed as {\"by_file\": {NAME: ...}}")
 
 
 def run(args) -> int:
@@ -41,11 +42,21 @@ def run(args) -> int:
     # one-off evaluation would pay the compile.
     cfg.data.num_sequences = min(cfg.data.num_sequences, cfg.batch_size)
     cfg.attention, cfg.compile = "sdpa", False
-    prompts = walk_prompts(args.prompts, cfg) if args.prompts else None  # a bad file fails before the model is built
+    cfg.walk_files = []  # the run's own end-of-run files: not this evaluation's
+    files = args.prompts or []
+    by_file = {Path(path).name: walk_prompts(path, cfg) for path in files}  # a bad file fails before the model is built
+    if len(by_file) < len(files):
+        raise TrainerInputError("--prompts: two files share a name; give each kind of traffic its own file name")
     trainer = Trainer.sequential(cfg, Path(args.ckpt).parent, device=args.device,
                                  log=lambda m: print(m, file=sys.stderr))
     trainer.load_state_dict(state)
-    print(json.dumps(trainer.evaluate_walk(taps, args.zero_context, prompts) if args.walk else trainer.evaluate()))
+    if not args.walk:
+        print(json.dumps(trainer.evaluate()))
+    elif len(by_file) > 1:
+        print(json.dumps({"by_file": {name: trainer.evaluate_walk(taps, args.zero_context, prompts)
+                                      for name, prompts in by_file.items()}}))
+    else:
+        print(json.dumps(trainer.evaluate_walk(taps, args.zero_context, next(iter(by_file.values()), None))))
     return 0
 
 

@@ -38,6 +38,9 @@ def add_run_options(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument("--chat-template-kwargs", metavar="JSON",
                    help='chat template kwargs for conversation data, e.g. \'{"enable_thinking": false}\'; '
                         "recorded in the run and the export")
+    p.add_argument("--walk-file", action="append", metavar="PROMPTS",
+                   help="a prompt file walked at the end too, reported on its own in the summary (repeat: one kind of "
+                        "traffic each, e.g. `envkit data mix`'s held-out file per source)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--fp8", choices=["off", "target", "drafter", "both"],
                    help="FP8 linears on Hopper: the frozen target's, the drafter's (torchao), or both; refused "
@@ -80,7 +83,8 @@ def config_from(args) -> TrainConfig:
                  "target.path": args.target, "data.tokenizer": args.tokenizer,
                  "data.skip_bad": True if args.skip_bad else None, "data.packing": args.packing,
                  "data.chat_template_kwargs": parse_template_kwargs(args.chat_template_kwargs), "fp8": args.fp8,
-                 "compile_target": args.compile_target}
+                 "compile_target": args.compile_target,
+                 "walk_files": [str(Path(path).absolute()) for path in args.walk_file] if args.walk_file else None}
     cfg = resolve(args.preset, file_values, {k: v for k, v in overrides.items() if v is not None})
     if args.steps is not None:
         cfg.epochs = None  # an explicit step count wins over epochs from any source

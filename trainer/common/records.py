@@ -93,6 +93,7 @@ class Summary(TypedDict):
     epochs: float  # passes over the training rows done
     rows_seen: int  # training rows trained, over every rank and replica
     peak_rss_bytes_by_rank: dict  # {"rank0": bytes, ...}: each process's peak resident host memory
+    walk_by_file: dict  # {file name: {walk_tau, walk_repeat_tau, walk_copy_tau, walk_counted, ...}}: config walk_files
     # and the inductor cache counters: fxgraph_cache_hit/miss/bypass, autograd_cache_hit/miss
 
 
@@ -123,6 +124,9 @@ def details(summary: Summary) -> list[str]:
         f"{f('walk_tau')} (repeat-anchor {f('walk_repeat_tau')}, copy {f('walk_copy_tau')}: {verdict})",
         f"  teacher-forced acceptance length {f('tau_start')} -> {f('tau_end')} "
         f"(repeat-anchor {f('baseline_repeat_tau')}, copy {f('baseline_copy_tau')})",
+        *(f"  walk on {name}: {row['walk_tau']:.2f} (repeat-anchor {row['walk_repeat_tau']:.2f}, copy "
+          f"{row['walk_copy_tau']:.2f}; {row['walk_counted']} prompts)" for name, row in
+          (summary.get("walk_by_file") or {}).items()),
         f"  loss {f('loss_start', '.3f')} -> {f('loss_end', '.3f')}",
         f"  {speed / 1000 if isinstance(speed, (int, float)) else 0:.1f} Ktok/s useful "
         f"(padding {summary.get('pad_fraction') or 0:.0%}), eager fallbacks {summary.get('eager_fallbacks')}, "

@@ -109,6 +109,9 @@ class TrainConfig:
     # The decoding walk at the end of a run (and `eval --walk`): held-out prompts, new tokens per prompt.
     walk_prompts: int = 16
     walk_new_tokens: int = 64
+    # Prompt files walked too at the end of a run, each reported on its own in the summary (`walk_by_file`): one
+    # kind of traffic each, e.g. `envkit data mix`'s held-out file per source (the first walk_prompts of each).
+    walk_files: list[str] = field(default_factory=list)
     ckpt_every: int = 100
     seed: int = 0
 
@@ -181,7 +184,8 @@ BOUNDS = {
     "data.eval_sequences": (1, None), "data.heldout_fraction": (0, 0.5, True), "epochs": (1, None),
 }
 LIST_MINIMUM = {"data.buckets": 2, "drafter.target_layer_ids": 0}  # lengths hold a token; layer ids count from 0
-_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,), "list[int]": (list,)}
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,), "list[int]": (list,),
+          "list[str]": (list,)}
 
 
 def _check_fields(section, where: str) -> None:
@@ -197,7 +201,10 @@ def _check_fields(section, where: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise TrainerInputError(f"config {name} must be a finite number, not {value!r}")
         least = LIST_MINIMUM.get(name, 0)
-        if isinstance(value, list) and not all(isinstance(v, int) and not isinstance(v, bool) and v >= least
+        if isinstance(value, list) and "list[str]" in kinds:
+            if not all(isinstance(v, str) and v for v in value):
+                raise TrainerInputError(f"config {name} must be a list of paths, not {value!r:.200}")
+        elif isinstance(value, list) and not all(isinstance(v, int) and not isinstance(v, bool) and v >= least
                                                for v in value):
             raise TrainerInputError(f"config {name} must be a list of whole numbers of at least {least}, not {value!r}")
         low, high, *excluded = BOUNDS.get(name, (None, None))

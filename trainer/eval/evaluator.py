@@ -7,6 +7,7 @@ checkpoint. It reads the run's Setup and never changes the weights."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
@@ -20,6 +21,10 @@ from trainer.model.drafter import EVAL_ATTENTION
 from trainer.model.target import eager_target
 from trainer.train.setup import Setup
 from trainer.train.steps import step_inputs
+
+
+# What the summary keeps of each walk_files walk.
+WALK_FIGURES = ("walk_tau", "walk_repeat_tau", "walk_copy_tau", "walk_prompts", "walk_counted", "walk_degenerate")
 
 
 class Evaluator:
@@ -85,6 +90,33 @@ class Evaluator:
                                         self.cfg.walk_new_tokens, block, setup.layer_ids if taps is None else taps,
                                         setup.dtype)
         return WalkRow(step=step, eval=True, method="walk", **result)
+
+    def read_walk_files(self) -> dict[str, list[list[int]]]:
+        """Config walk_files' prompts, tokenized, by file name: read when the run starts, so that a missing file or a
+        bad line stops it then, not after its last step."""
+        from trainer.data.rows import read_prompts
+
+        if not self.cfg.walk_files:
+            return {}
+        tokenizer = self._tokenizer()
+        return {Path(path).name: read_prompts(path, tokenizer, self.cfg.data.chat_template_kwargs, self.cfg.walk_prompts)
+                for path in self.cfg.walk_files}
+
+    def walk_files(self, step: int, prompts_by_file: dict[str, list[list[int]]]) -> dict:
+        """The walk on each file's prompts, by file name: acceptance per kind of traffic."""
+        by_file = {}
+        for name, prompts in prompts_by_file.items():
+            row = self.walk(step, prompts=prompts)
+            by_file[name] = {key: row[key] for key in WALK_FIGURES}
+        return by_file
+
+    def _tokenizer(self):
+        if not self.setup.tokenizer_path:
+            raise TrainerInputError("config walk_files needs a tokenizer: a run with --target/--tokenizer or a recipe "
+                                    "target")
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.setup.tokenizer_path, local_files_only=True)
 
     def _drafter_proposer(self, zero_context: bool = False):
         replica = self.setup.replica

@@ -73,6 +73,7 @@ class Trainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.monitor = CompileMonitor()
         self.evaluator = Evaluator(setup, self.monitor, log)
+        self.walk_file_prompts = self.evaluator.read_walk_files()
         self.step_count = 0
         self.first_loss: float | None = None
         self.recent_losses: list[float] = []  # the summary's end loss is their mean: one batch is noisy
@@ -289,7 +290,11 @@ class Trainer:
         final_walk = self.evaluate_walk()
         self._log_walk(final_walk)
         self.evaluator.log_walk_example(final_walk["walk_tau_by_prompt"])
-        return self.summary(first_eval, final_eval, final_walk, counters)
+        by_file = self.evaluator.walk_files(self.step_count, self.walk_file_prompts)
+        for name, row in by_file.items():
+            self.log(f"walk on {name}: tau {row['walk_tau']:.2f} (repeat-anchor {row['walk_repeat_tau']:.2f}, copy "
+                     f"{row['walk_copy_tau']:.2f}) over {row['walk_counted']} prompts")
+        return self.summary(first_eval, final_eval, final_walk, counters) | {"walk_by_file": by_file}
 
     def _stop_requested(self) -> bool:
         """A signal here, or under torchrun in any process: every rank stops after the same step. The
