@@ -78,6 +78,10 @@ class Run:
             try:
                 outcome = self.job.answer(server, item, self.model)
             except openai_api.ServerError as exc:
+                if server.alive():  # it answers, but not this row's request: the row is set aside, not the server
+                    self.results.put(("row", Outcome(item.index, failure=f"{exc}, while it answers other requests: "
+                                                     f"the row, not the server", server=server.url)))
+                    continue
                 self.work.put(item)
                 self.results.put(("dead", server.url, str(exc)))
                 return

@@ -62,14 +62,31 @@ class Server:
         return connection
 
     def call(self, method: str, path: str, payload: dict | None, *, deadline: float, limit: int):
-        """(status, parsed JSON body or None when it is not JSON, raw body)."""
+        """(status, parsed JSON body or None when it is not JSON, raw body); the headers of the last reply are kept
+        for the caller that asks (`retry_after`)."""
         body = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode() if payload is not None else None
         response = self._connection().request(method, path, body, deadline=deadline, limit=limit)
+        self._local.headers = response.headers
         try:
             parsed = loads_json(response.body)
         except ValueError:  # not JSON, not UTF-8, nested past the parser's depth
             parsed = None
         return response.status, parsed, response.body
+
+    def retry_after(self) -> float | None:
+        """The last reply's Retry-After in seconds (a number of seconds; an HTTP date is not waited for), or None."""
+        value = (getattr(self._local, "headers", None) or {}).get("retry-after", "").strip()
+        return float(value) if value.isdigit() else None
+
+    def alive(self) -> bool:
+        """Whether the server answers its model list now (one short try): the evidence that a request it dropped
+        was that row's doing, not a dead server's."""
+        try:
+            status, body, _ = self.call("GET", "/v1/models", None, deadline=time.monotonic() + PROBE_S,
+                                        limit=INFO_LIMIT)
+        except HttpError:
+            return False
+        return status == 200 and isinstance(body, dict)
 
     # -- what the server is ----------------------------------------------------------------------------------
     def models(self, timeout: float) -> list[str]:
@@ -107,10 +124,14 @@ class Server:
         """POST one request; 429, 5xx and a dropped connection are retried with exponential backoff. A server that
         stays unreachable is a ServerError; a row the server will not answer (or answers with no completion) is
         RowFailed. Each try has `timeout_s` in all, however slowly the reply comes."""
-        problem = ""
+        problem, wait_s = "", None
+        started = time.monotonic()
         for attempt in range(retries + 1):
             if attempt:
-                time.sleep(min(backoff_s * 2 ** (attempt - 1), 10.0))
+                # A 429/503's Retry-After is the server's word, honoured while the row has time left; else backoff.
+                pause = min(backoff_s * 2 ** (attempt - 1), 10.0) if wait_s is None else wait_s
+                time.sleep(max(0.0, min(pause, started + timeout_s - time.monotonic())))
+                wait_s = None
             try:
                 status, parsed, raw = self.call("POST", f"/v1/{endpoint}", body, limit=REPLY_LIMIT,
                                                 deadline=time.monotonic() + timeout_s)
@@ -125,6 +146,7 @@ class Server:
             if status not in RETRY_STATUSES:
                 raise RowFailed(f"HTTP {status} from {self.url}: {text}")
             problem = f"HTTP {status}: {text}"
+            wait_s = self.retry_after() if status in (429, 503) else None
             if attempt == retries:
                 raise RowFailed(f"{self.url} answered {retries + 1} times with {problem}")
         raise ServerError(f"{self.url} failed {retries + 1} times ({problem})")

@@ -41,9 +41,13 @@ def regenerate(request: RegenRequest) -> RegenResult:
             return retry_failed(request, servers, prompts, manifest)
         ledger = Ledger(request.out, manifest, request.resume)
         try:
-            return Run(request, servers, prompts, ledger, model).go()
+            result = Run(request, servers, prompts, ledger, model).go()
         finally:
             ledger.close()
+    if result.rows == 0 and result.failed:
+        raise RegenError(f"every row was set aside ({result.failed:,}; the reasons are in {result.errors}): nothing to "
+                         f"train on; fix what they name, then `--retry-failed`")
+    return result
 
 
 def choose_model(listed: dict[str, list[str]], wanted: str | None) -> str:

@@ -201,7 +201,8 @@ def test_a_hostile_reply_sets_its_row_aside_in_bounded_time_and_memory(servers, 
             pass
         time.sleep(0.05)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0 and "Traceback" not in stderr, stderr
+    # Every row set aside: the run is whole (its manifest complete) but nothing came of it, so it does not exit 0.
+    assert proc.returncode == 1 and "Traceback" not in stderr and "every row was set aside" in stderr, stderr
     errors = [json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()]
     assert len(errors) == 3 and all(reason in error["reason"] for error in errors), errors
     assert peak < 400 << 10, peak  # kB: an endless body stops at the cap, never grows the process
@@ -314,3 +315,37 @@ def test_rows_with_tools_or_tool_calls_are_set_aside_never_rewritten(servers, tm
     errors = [json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()]
     assert [error["line"] for error in errors] == [1, 3] and all("tool" in error["reason"] for error in errors)
     assert manifest(out)["observed"]["requests"] == 1  # the set-aside rows were never sent
+
+
+def test_a_row_a_server_chokes_on_is_set_aside_not_the_servers(servers, tmp_path):
+    """Blame by evidence: both servers drop the one row's request while answering every other; the row is set aside
+    with its reason, no server is declared dead, and a run of only such rows is not a success."""
+    first, _ = servers("--drop", "CHOKE")
+    second, _ = servers("--drop", "CHOKE")
+    rows = mixed_rows(24)
+    rows[9] = {"id": 9, "conversations": [{"role": "user", "content": "CHOKE on this"}]}
+    out = tmp_path / "out.jsonl"
+    done = regenerate(f"{first},{second}", write_rows(tmp_path / "p.jsonl", rows), out, "--retries", "1")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [r["id"] for r in rows if r["id"] != 9]
+    errors = [json.loads(line) for line in (tmp_path / "out.jsonl.errors.jsonl").read_text().splitlines()]
+    assert [error["line"] for error in errors] == [10] and "the row, not the server" in errors[0]["reason"]
+    assert manifest(out)["dead_servers"] == {}
+
+    only = write_rows(tmp_path / "only.jsonl", [rows[9]])
+    failed = regenerate(first, only, tmp_path / "only-out.jsonl", "--retries", "0")
+    assert "every row was set aside" in one_line_error(failed)
+
+
+def test_retry_after_is_honoured_within_the_rows_deadline(servers, tmp_path):
+    patient, _ = servers("--busy", "2", "--retry-after", "1")
+    out = tmp_path / "out.jsonl"
+    done = regenerate(patient, write_rows(tmp_path / "p.jsonl", mixed_rows(3)), out, "--concurrency", "1",
+                      "--retries", "2")
+    assert done.returncode == 0, done.stderr
+    assert len(out.read_text().splitlines()) == 3  # the 429s waited out, every row answered
+    # A Retry-After past the row's deadline is not waited for past it: the row is set aside in bounded time.
+    stubborn, _ = servers("--busy", "1000", "--retry-after", "3600")
+    bounded = regenerate(stubborn, write_rows(tmp_path / "q.jsonl", mixed_rows(1)), tmp_path / "q-out.jsonl",
+                         "--retries", "3", "--request-timeout", "2", timeout=60)
+    assert "every row was set aside" in one_line_error(bounded)

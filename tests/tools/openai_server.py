@@ -2,10 +2,11 @@
 deterministically from what it was sent, and misbehaves on purpose where a test asks it to.
 
     python tests/tools/openai_server.py --port 0 --port-file F [--model ID] [--refuse TEXT] [--fail TEXT]
-        [--delay S] [--version V] [--die-after N] [--hostile KIND]
+        [--delay S] [--version V] [--die-after N] [--hostile KIND] [--drop TEXT] [--busy N --retry-after S]
 
 The answer to a request is `answer-<sha256 of the request's messages or prompt (and seed), 12 hex>`: a multi-turn answer depends on every earlier turn sent with it. --refuse TEXT: a 400 for a
-request that holds TEXT; --fail TEXT: a 500 for it. --hostile KIND makes every reply (models, generation or both)
+request that holds TEXT; --fail TEXT: a 500 for it; --drop TEXT: its connection closed unanswered; --busy N:
+the first N generation requests a 429 with Retry-After S. --hostile KIND makes every reply (models, generation or both)
 one attack: trickle-models, trickle-version, endless, bad-gzip, deep, surrogate, overlong.
 """
 
@@ -86,7 +87,13 @@ async def respond(method: str, path: str, body: bytes, writer: asyncio.StreamWri
         asked = json.dumps(payload.get("messages", payload.get("prompt")), ensure_ascii=False)
         if ARGS.delay:
             await asyncio.sleep(ARGS.delay)
-        if ARGS.refuse and ARGS.refuse in asked:
+        if ARGS.drop and ARGS.drop in asked:  # the connection closed, no reply: a row the server chokes on
+            writer.close()
+            return
+        if ARGS.busy > 0:  # a 429 with Retry-After for the first requests, then answers
+            ARGS.busy -= 1
+            writer.write(reply(429, b'{"error": "busy"}', f"Retry-After: {ARGS.retry_after}\r\n"))
+        elif ARGS.refuse and ARGS.refuse in asked:
             writer.write(reply(400, b'{"error": {"message": "This model\'s maximum context length is exceeded"}}'))
         elif ARGS.fail and ARGS.fail in asked:
             writer.write(reply(500, b'{"error": "internal"}'))
@@ -140,5 +147,8 @@ if __name__ == "__main__":
     parser.add_argument("--version")
     parser.add_argument("--die-after", type=int, default=0)
     parser.add_argument("--hostile")
+    parser.add_argument("--drop")
+    parser.add_argument("--busy", type=int, default=0)
+    parser.add_argument("--retry-after", type=int, default=1)
     parser.parse_args(namespace=ARGS)
     asyncio.run(main())
