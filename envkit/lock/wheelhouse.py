@@ -12,6 +12,9 @@ import os
 import sys
 from pathlib import Path
 
+from envkit.errors import ProfileError
+from envkit.support.text import printable
+
 
 def _pip_config_files() -> list[Path]:
     """pip's configuration files in pip's own order (global, user, site, then PIP_CONFIG_FILE); none at all when
@@ -62,10 +65,17 @@ def find_links(explicit: list[str] | tuple[str, ...] = (), *, use_pip_config: bo
     seen: list[str] = []
     for candidate in candidates:
         # A relative flag value means the caller's directory; a URL stays as it is.
-        value = candidate if "://" in candidate else str(Path(candidate).expanduser().resolve())
+        value = candidate if "://" in candidate else _local(candidate)
         if value not in seen:
             seen.append(value)
     return seen
+
+
+def _local(candidate: str) -> str:
+    try:
+        return str(Path(candidate).expanduser().resolve())
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13), an unreadable dir
+        raise ProfileError(f"wheelhouse {printable(candidate)}: {printable(str(exc))}; give a directory of wheels") from None
 
 
 def uv_args(links: list[str]) -> list[str]:

