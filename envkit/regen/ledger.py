@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envkit.errors import RegenError
+from envkit.regen import merge
 from envkit.support.fsops import write_json_atomic
 from envkit.support.text import printable
 from envkit.support.trainer_helpers import open_lock_file, read_json_file
@@ -109,6 +110,7 @@ class Ledger:
         self.out = out
         self._lock_fd = _own(out)
         try:
+            merge.recover(out)  # a retry's merge a kill interrupted: finished or undone, before OUT is read
             before = self._earlier(manifest, resume)
             self.settled = _settled_from(before) if before else Settled()
             checkpoint = (before or {}).get("settled") or {}

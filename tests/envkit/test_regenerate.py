@@ -349,3 +349,30 @@ def test_retry_after_is_honoured_within_the_rows_deadline(servers, tmp_path):
     bounded = regenerate(stubborn, write_rows(tmp_path / "q.jsonl", mixed_rows(1)), tmp_path / "q-out.jsonl",
                          "--retries", "3", "--request-timeout", "2", timeout=60)
     assert "every row was set aside" in one_line_error(bounded)
+
+
+@pytest.mark.parametrize("instant", ["before-commit", "mid-rename", "after-commit"])
+def test_a_retry_killed_at_any_instant_of_its_merge_is_finished_or_undone_by_the_next_run(servers, tmp_path, instant):
+    refusing, _ = servers("--refuse", "REFUSE")
+    fine, _ = servers()
+    prompts = write_rows(tmp_path / "p.jsonl", mixed_rows(30, refuse_every=7))
+    out, whole = tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
+    assert regenerate(refusing, prompts, out).returncode == 0
+    assert regenerate(fine, prompts, whole).returncode == 0
+    before = {path.name: path.read_bytes() for path in (out, tmp_path / "out.jsonl.errors.jsonl")}
+    killed = subprocess.run([sys.executable, "-m", "envkit", "data", "regenerate", "--server", fine, "--data",
+                             str(prompts), "--out", str(out), "--retry-failed"], capture_output=True, text=True,
+                            env=dict(os.environ, ENVKIT_TEST_KILL_MERGE=instant), timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    if instant == "before-commit":  # nothing committed: the files are the old ones, whole
+        assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    # The next run finishes the merge or undoes it, cleans the scratch files, and the result is the merged one.
+    again = regenerate(fine, prompts, out, "--retry-failed")
+    assert again.returncode == 0, again.stderr
+    assert out.read_bytes() == whole.read_bytes() and (tmp_path / "out.jsonl.errors.jsonl").read_bytes() == b""
+    record = manifest(out)
+    assert record["status"] == "complete" and record["rows"] == 30 and record["failed"] == 0
+    assert record["output_sha256"] == manifest(whole)["output_sha256"]
+    assert sum(record["observed"]["answered_by"].values()) == 30  # every run that answered, the retry's included
+    assert regenerate(fine, prompts, out, "--resume").returncode == 0  # the manifest vouches for the files
+    assert not [path.name for path in tmp_path.iterdir() if path.name.startswith(".out.jsonl")]
