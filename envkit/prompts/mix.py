@@ -22,7 +22,7 @@ from envkit.errors import EnvkitError
 from envkit.prompts.identity import is_held_out, prompt_id, user_texts
 from envkit.support.fsops import write_json_atomic
 from envkit.support.text import printable
-from envkit.support.trainer_helpers import loads_json
+from envkit.support.trainer_helpers import loads_exchanged_json
 
 SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")  # also part of a file name
 ROW_LIMIT = 64 << 20
@@ -75,7 +75,7 @@ def _rows(source: Source):
             if len(raw) > ROW_LIMIT:
                 raise EnvkitError(f"{printable(str(source.path))}:{number}: a row over {ROW_LIMIT >> 20} MiB")
             try:
-                row = loads_json(raw)
+                row = loads_exchanged_json(raw)
             except ValueError as exc:
                 raise EnvkitError(f"{printable(str(source.path))}:{number}: not JSON ({printable(exc)})") from None
             if user_texts(row) is None:

@@ -24,7 +24,7 @@ from envkit.regen.ledger import Ledger, errors_path, manifest_path
 from envkit.regen.request import RegenRequest, RegenResult, failure_bound
 from envkit.regen.row_requests import BadRow, Plan, chat_history, plan_for, training_row
 from envkit.support.text import printable
-from envkit.support.trainer_helpers import loads_json
+from envkit.support.trainer_helpers import loads_exchanged_json
 
 PROGRESS_EVERY_S = 2.0
 QUIET_PROGRESS_S = 30.0  # nothing settled: say so less often (a long answer is not news)
@@ -243,7 +243,7 @@ class Regeneration:
 
     def item(self, index: int, number: int, raw: bytes) -> Item:
         try:
-            row = loads_json(raw)
+            row = loads_exchanged_json(raw)
             return Item(index, number, row, plan_for(row, self.request.turns))
         except (ValueError, BadRow) as exc:
             raise RegenError(f"{self.request.prompts}:{number}: not a prompt row ({printable(exc)})") from None

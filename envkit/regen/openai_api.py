@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from envkit.errors import EnvkitError
 from envkit.regen.bounded_http import Connection, Endpoint, HttpError
 from envkit.support.text import printable
-from envkit.support.trainer_helpers import loads_json
+from envkit.support.trainer_helpers import loads_exchanged_json
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 INFO_LIMIT = 1 << 20  # /v1/models, /version: kilobytes
@@ -68,7 +68,7 @@ class Server:
         response = self._connection().request(method, path, body, deadline=deadline, limit=limit)
         self._local.headers = response.headers
         try:
-            parsed = loads_json(response.body)
+            parsed = loads_exchanged_json(response.body)
         except ValueError:  # not JSON, not UTF-8, nested past the parser's depth
             parsed = None
         return response.status, parsed, response.body

@@ -6,8 +6,8 @@ heavy to import (the standard-library corpus) is reached through a function, so 
 
 from trainer.common.children import die_with_parent
 from trainer.common.errors import TrainerInputError
-from trainer.common.files import (ExclusiveLock, atomic_write, envkit_home, file_sha256, loads_json, open_lock_file,
-                                  permission_problem, read_json_file)
+from trainer.common.files import (ExclusiveLock, atomic_write, envkit_home, file_sha256, loads_exchanged_json,
+                                  loads_json, open_lock_file, permission_problem, read_json_file)
 from trainer.common.mitigations import MITIGATIONS, WARM_LOCK_ENV
 from trainer.common.records import details
 from trainer.common.template_kwargs import parse_template_kwargs
@@ -19,7 +19,7 @@ from trainer.targets import maketarget, pretrained
 
 __all__ = ["ExclusiveLock", "INSTRUCTION_KINDS", "MITIGATIONS", "TrainerInputError", "WARM_LOCK_ENV", "atomic_write",
            "completion_row", "conversation_row", "details", "die_with_parent", "envkit_home", "file_sha256",
-           "instructions", "loads_json", "maketarget", "open_lock_file", "parse_template_kwargs",
+           "instructions", "loads_exchanged_json", "loads_json", "maketarget", "open_lock_file", "parse_template_kwargs",
            "permission_problem", "presets_help", "pretrained", "read_json_file", "source_sha256"]
 
 

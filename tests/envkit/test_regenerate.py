@@ -184,7 +184,7 @@ def test_one_of_two_servers_dies_and_the_other_finishes(servers, tmp_path):
 
 @pytest.mark.parametrize("hostile, reason", [("endless", "at most"), ("bad-gzip", "does not decode"),
                                              ("deep", "no choices[0] text"), ("surrogate", "lone surrogate"),
-                                             ("overlong", "for max_tokens 16")])
+                                             ("overlong", "for max_tokens 16"), ("nan", "no choices[0] text")])
 def test_a_hostile_reply_sets_its_row_aside_in_bounded_time_and_memory(servers, tmp_path, hostile, reason):
     url, _ = servers("--hostile", hostile)
     prompts = write_rows(tmp_path / "p.jsonl", mixed_rows(3))
@@ -287,7 +287,9 @@ def test_bad_prompt_rows_stop_with_their_line_and_keep_what_came_before(servers,
     url, _ = servers()
     rows = [json.dumps(row) for row in mixed_rows(6)]
     for bad, needle in (('{"prompt": "\\ud800 lone"}', "lone surrogate"), ("[1, 2]", "JSON object"),
-                        ('{"conversations": [{"role": "assistant", "content": "x"}]}', "turn 1")):
+                        ('{"conversations": [{"role": "assistant", "content": "x"}]}', "turn 1"),
+                        ('{"prompt": "p", "weight": NaN}', "NaN is not a JSON value"),
+                        ('{"prompt": "p", "weight": 1e999}', "overflows to infinity")):
         prompts = tmp_path / "p.jsonl"
         prompts.write_text("\n".join(rows[:4] + [bad] + rows[4:]) + "\n")
         out = tmp_path / "o.jsonl"

@@ -7,7 +7,7 @@ deterministically from what it was sent, and misbehaves on purpose where a test 
 The answer to a request is `answer-<sha256 of the request's messages or prompt (and seed), 12 hex>`: a multi-turn answer depends on every earlier turn sent with it. --refuse TEXT: a 400 for a
 request that holds TEXT; --fail TEXT: a 500 for it; --drop TEXT: its connection closed unanswered; --busy N:
 the first N generation requests a 429 with Retry-After S. --hostile KIND makes every reply (models, generation or both)
-one attack: trickle-models, trickle-version, endless, bad-gzip, deep, surrogate, overlong.
+one attack: trickle-models, trickle-version, endless, bad-gzip, deep, surrogate, overlong, nan.
 """
 
 from __future__ import annotations
@@ -107,6 +107,9 @@ async def respond(method: str, path: str, body: bytes, writer: asyncio.StreamWri
             writer.write(reply(200, b"\x1f\x8b\x08\x00garbage-not-gzip", "Content-Encoding: gzip\r\n"))
         elif hostile == "deep":
             writer.write(reply(200, b"[" * 200_000 + b"]" * 200_000))
+        elif hostile == "nan":  # a number JSON has no word for: the reply is not JSON
+            writer.write(reply(200, b'{"choices": [{"text": "x", "message": {"content": "x"}}], '
+                                    b'"usage": {"completion_tokens": NaN}}'))
         elif hostile == "surrogate":
             writer.write(reply(200, b'{"choices": [{"text": "a\\ud800b", "message": {"content": "a\\ud800b"}}]}'))
         elif hostile == "gzip":  # a well-formed compressed reply: decoded

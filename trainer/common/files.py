@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import stat
 import tempfile
@@ -65,6 +66,26 @@ def loads_json(data: str | bytes):
     malformed JSON (json raises RecursionError there, which no caller expects)."""
     try:
         return json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 ({exc.reason})") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def loads_exchanged_json(data: str | bytes):
+    """loads_json for JSON exchanged with others (prompt rows, a server's replies): NaN, Infinity and numbers that
+    overflow to infinity are not JSON (RFC 8259), so they are a ValueError here, never a float to write back out."""
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not a JSON value")
+
+    def finite(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"the number {text[:24]} overflows to infinity")
+        return value
+
+    try:
+        return json.loads(data, parse_constant=refuse, parse_float=finite)
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 ({exc.reason})") from None
     except RecursionError:
