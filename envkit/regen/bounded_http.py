@@ -3,19 +3,22 @@ slowly the peer sends (each read waits only for what is left of it; a per-read t
 trickles a byte a second hold a request forever), a cap on the size of every reply (compressed or not), and
 nothing followed (no redirects, no proxy settings from the environment).
 
-Keep-alive connections, one per worker thread; Content-Length, chunked and read-to-close bodies; gzip and deflate
-bodies decoded within the cap. Stdlib only: the client must keep several engines busy on two cores.
+Keep-alive connections, one per worker thread, framed by h11; gzip and deflate bodies decoded within the cap. No
+event loop and no connection pool: the client must keep several engines busy on two cores.
 """
 
 from __future__ import annotations
 
 import base64
+import select
 import socket
 import ssl
 import time
 import zlib
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
+
+import h11
 
 HEAD_LIMIT = 64 << 10  # status line and headers
 READ_SIZE = 1 << 16
@@ -76,13 +79,16 @@ class Response:
 
 
 class Connection:
-    """One keep-alive connection to an endpoint, used by one thread at a time."""
+    """One keep-alive connection to an endpoint, used by one thread at a time. The bytes are framed by h11 (the
+    sans-IO HTTP/1.1 parser under httpcore and httpx): status line, headers, Content-Length, chunked bodies and
+    trailers by the grammar, not by Python's conveniences (int(x, 16) takes a sign; a chunk size of -7fffffff would
+    lower a running total). What is envkit's: the socket, the deadline, the caps."""
 
     def __init__(self, endpoint: Endpoint, connect_timeout: float):
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
         self.sock: socket.socket | None = None
-        self.buffer = bytearray()
+        self.protocol: h11.Connection | None = None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -90,12 +96,11 @@ class Connection:
                 self.sock.close()
             except OSError:
                 pass
-        self.sock = None
-        self.buffer.clear()
+        self.sock = self.protocol = None
 
     def request(self, method: str, path: str, body: bytes | None, *, deadline: float, limit: int) -> Response:
         """Send one request and read its whole reply by `deadline` (time.monotonic()), the body at most `limit`
-        bytes; a kept connection the server closed while idle is opened again once."""
+        bytes; a kept connection the server closed or reset while idle is opened again once."""
         reused = self.sock is not None
         try:
             return self._exchange(method, path, body, deadline, limit)
@@ -111,45 +116,71 @@ class Connection:
 
     # -- the exchange ----------------------------------------------------------------------------------------
     def _exchange(self, method: str, path: str, body: bytes | None, deadline: float, limit: int) -> Response:
+        if self.sock is not None and self._holds_unread():
+            self.close()  # bytes nobody asked for (or the peer's close): never read as the next reply
         if self.sock is None:
             self._connect(deadline)
+        self._send(self._request_bytes(method, path, body), deadline)
+        status, headers, parts, total, received = None, {}, [], 0, False
+        while True:
+            try:
+                event = self.protocol.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise HttpError("protocol", f"not a well-formed HTTP/1.1 reply ({str(exc)[:120]})") from None
+            if event is h11.NEED_DATA:
+                data = self._recv(deadline)
+                if not data and not received:
+                    raise HttpError("stale", "the server closed the connection without a reply")
+                received = True
+                self.protocol.receive_data(data)
+            elif isinstance(event, h11.Response):
+                status, headers = event.status_code, _headers(event.headers)
+                length = headers.get("content-length", "")
+                if length.isdigit() and int(length) > limit:
+                    raise HttpError("too_large", f"a reply of {int(length):,} bytes (at most {limit:,} are read)")
+            elif isinstance(event, h11.Data):
+                total += len(event.data)
+                if total > limit:
+                    raise HttpError("too_large", f"a reply over {limit:,} bytes (at most that many are read)")
+                parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            elif isinstance(event, h11.ConnectionClosed):
+                raise HttpError("connect", "the server closed the connection mid-reply")
+            # h11.InformationalResponse (100 Continue): the real reply follows
+        payload = _decoded(b"".join(parts), headers.get("content-encoding", "").strip().lower(), limit)
+        self._after_reply()
+        return Response(status, headers, payload)
+
+    def _request_bytes(self, method: str, path: str, body: bytes | None) -> bytes:
         endpoint = self.endpoint
         host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
-        lines = [f"{method} {endpoint.path}{path} HTTP/1.1", f"Host: {host}:{endpoint.port}",
-                 "Accept: application/json", "Accept-Encoding: gzip, deflate", "User-Agent: envkit-regenerate"]
+        headers = [("Host", f"{host}:{endpoint.port}"), ("Accept", "application/json"),
+                   ("Accept-Encoding", "gzip, deflate"), ("User-Agent", "envkit-regenerate")]
         if endpoint.authorization:
-            lines.append(f"Authorization: {endpoint.authorization}")
+            headers.append(("Authorization", endpoint.authorization))
         if body is not None:
-            lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
-        try:
-            self._settimeout(deadline)
-            self.sock.sendall(head + (body or b""))
-        except socket.timeout:
-            raise HttpError("deadline", "the server took no request before the deadline") from None
-        except OSError as exc:
-            raise HttpError("stale", f"the connection broke while sending ({exc.strerror or exc})") from None
-        status, headers = self._read_head(deadline)
-        while 100 <= status < 200:  # an interim reply (100 Continue): the real one follows
-            status, headers = self._read_head(deadline)
-        if method == "HEAD" or status in (204, 304):
-            payload = b""
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
-            payload = self._read_chunked(deadline, limit)
-        elif "content-length" in headers:
-            length = headers["content-length"]
-            if not length.isdigit() or not length.isascii():
-                raise HttpError("protocol", f"a Content-Length of {length[:40]!r}")
-            if int(length) > limit:
-                raise HttpError("too_large", f"a reply of {int(length):,} bytes (at most {limit:,} are read)")
-            payload = self._read_exactly(int(length), deadline)
-        else:
-            payload = self._read_to_close(deadline, limit)
-            headers["connection"] = "close"
-        payload = _decoded(payload, headers.get("content-encoding", "").strip().lower(), limit)
-        if "close" in headers.get("connection", "").lower():
-            self.close()
-        return Response(status, headers, payload)
+            headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        data = self.protocol.send(h11.Request(method=method, target=f"{endpoint.path}{path}", headers=headers))
+        if body:
+            data += self.protocol.send(h11.Data(data=body))
+        return data + self.protocol.send(h11.EndOfMessage())
+
+    def _after_reply(self) -> None:
+        """Keep the connection for the next request only when both sides may, and it holds no unread bytes (bytes
+        after a complete body are not the next reply: the connection is dropped)."""
+        protocol = self.protocol
+        if protocol.our_state is h11.DONE and protocol.their_state is h11.DONE:
+            surplus, closed = protocol.trailing_data
+            if not surplus and not closed:
+                protocol.start_next_cycle()
+                return
+        self.close()
+
+    def _holds_unread(self) -> bool:
+        """Whether an idle kept connection has anything to read: surplus bytes after the last reply, or its end."""
+        pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
+        return bool(pending) or bool(select.select([self.sock], [], [], 0)[0])
 
     def _connect(self, deadline: float) -> None:
         timeout = max(0.001, min(self.connect_timeout, deadline - time.monotonic()))
@@ -164,7 +195,8 @@ class Connection:
             raise HttpError("connect", f"TLS failed ({exc.reason or exc})") from None
         except OSError as exc:
             raise HttpError("connect", f"cannot connect ({exc.strerror or exc})") from None
-        self.sock, self.buffer = sock, bytearray()
+        self.sock = sock
+        self.protocol = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEAD_LIMIT)
 
     def _settimeout(self, deadline: float) -> None:
         remaining = deadline - time.monotonic()
@@ -172,86 +204,34 @@ class Connection:
             raise HttpError("deadline", "no complete reply before the deadline")
         self.sock.settimeout(remaining)
 
-    def _fill(self, deadline: float, *, eof_ok: bool = False) -> bool:
-        """Read what the peer sends next into the buffer; False at a clean end of stream (where `eof_ok`)."""
+    def _send(self, data: bytes, deadline: float) -> None:
+        try:
+            self._settimeout(deadline)
+            self.sock.sendall(data)
+        except socket.timeout:
+            raise HttpError("deadline", "the server took no request before the deadline") from None
+        except OSError as exc:
+            raise HttpError("stale", f"the connection broke while sending ({exc.strerror or exc})") from None
+
+    def _recv(self, deadline: float) -> bytes:
+        """What the peer sends next, waiting no longer than the deadline (b"": the end of the stream)."""
         self._settimeout(deadline)
         try:
-            data = self.sock.recv(READ_SIZE)
+            return self.sock.recv(READ_SIZE)
         except socket.timeout:
             raise HttpError("deadline", "no complete reply before the deadline") from None
+        except ConnectionResetError:
+            raise HttpError("stale", "the connection was reset") from None
         except OSError as exc:
             raise HttpError("connect", f"the connection broke ({exc.strerror or exc})") from None
-        if not data:
-            if eof_ok:
-                return False
-            raise HttpError("connect", "the server closed the connection mid-reply")
-        self.buffer += data
-        return True
 
-    def _read_head(self, deadline: float) -> tuple[int, dict[str, str]]:
-        started_empty = not self.buffer
-        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
-            if len(self.buffer) > HEAD_LIMIT:
-                raise HttpError("too_large", f"reply headers over {HEAD_LIMIT >> 10} KiB")
-            if not self._fill(deadline, eof_ok=True):
-                kind = "stale" if started_empty and not self.buffer else "connect"
-                raise HttpError(kind, "the server closed the connection without a reply")
-        head = bytes(self.buffer[:end]).decode("latin-1")
-        del self.buffer[:end + 4]
-        status_line, *header_lines = head.split("\r\n")
-        fields = status_line.split(" ", 2)
-        if len(fields) < 2 or not fields[0].startswith("HTTP/1.") or not (fields[1].isdigit() and len(fields[1]) == 3):
-            raise HttpError("protocol", f"not an HTTP reply ({status_line[:60]!r})")
-        headers: dict[str, str] = {}
-        for line in header_lines:
-            name, sep, value = line.partition(":")
-            if sep:
-                key = name.strip().lower()
-                headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-        return int(fields[1]), headers
 
-    def _read_exactly(self, length: int, deadline: float) -> bytes:
-        while len(self.buffer) < length:
-            self._fill(deadline)
-        data = bytes(self.buffer[:length])
-        del self.buffer[:length]
-        return data
-
-    def _read_line(self, deadline: float) -> bytes:
-        while (end := self.buffer.find(b"\r\n")) < 0:
-            if len(self.buffer) > HEAD_LIMIT:
-                raise HttpError("protocol", "a chunk header over 64 KiB")
-            self._fill(deadline)
-        line = bytes(self.buffer[:end])
-        del self.buffer[:end + 2]
-        return line
-
-    def _read_chunked(self, deadline: float, limit: int) -> bytes:
-        parts, total = [], 0
-        while True:
-            size_text = self._read_line(deadline).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise HttpError("protocol", f"a chunk size of {size_text[:20]!r}") from None
-            if size == 0:
-                while self._read_line(deadline):  # trailers, up to the blank line
-                    pass
-                return b"".join(parts)
-            total += size
-            if total > limit:
-                raise HttpError("too_large", f"a reply over {limit:,} bytes (at most that many are read)")
-            parts.append(self._read_exactly(size, deadline))
-            if self._read_exactly(2, deadline) != b"\r\n":
-                raise HttpError("protocol", "a chunk not followed by CRLF")
-
-    def _read_to_close(self, deadline: float, limit: int) -> bytes:
-        while self._fill(deadline, eof_ok=True):
-            if len(self.buffer) > limit:
-                raise HttpError("too_large", f"a reply over {limit:,} bytes (at most that many are read)")
-        data = bytes(self.buffer)
-        self.buffer.clear()
-        return data
+def _headers(pairs) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for name, value in pairs:
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    return headers
 
 
 def _decoded(payload: bytes, encoding: str, limit: int) -> bytes:

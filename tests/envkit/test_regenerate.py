@@ -184,7 +184,8 @@ def test_one_of_two_servers_dies_and_the_other_finishes(servers, tmp_path):
 
 @pytest.mark.parametrize("hostile, reason", [("endless", "at most"), ("bad-gzip", "does not decode"),
                                              ("deep", "no choices[0] text"), ("surrogate", "lone surrogate"),
-                                             ("overlong", "for max_tokens 16"), ("nan", "no choices[0] text")])
+                                             ("overlong", "for max_tokens 16"), ("nan", "no choices[0] text"),
+                                             ("negative-chunk", "not a well-formed HTTP/1.1 reply")])
 def test_a_hostile_reply_sets_its_row_aside_in_bounded_time_and_memory(servers, tmp_path, hostile, reason):
     url, _ = servers("--hostile", hostile)
     prompts = write_rows(tmp_path / "p.jsonl", mixed_rows(3))
@@ -378,3 +379,14 @@ def test_a_retry_killed_at_any_instant_of_its_merge_is_finished_or_undone_by_the
     assert sum(record["observed"]["answered_by"].values()) == 30  # every run that answered, the retry's included
     assert regenerate(fine, prompts, out, "--resume").returncode == 0  # the manifest vouches for the files
     assert not [path.name for path in tmp_path.iterdir() if path.name.startswith(".out.jsonl")]
+
+
+def test_bytes_after_a_whole_reply_are_never_read_as_the_next_one(servers, tmp_path):
+    url, _ = servers("--hostile", "surplus")
+    rows = mixed_rows(6)
+    out = tmp_path / "out.jsonl"
+    done = regenerate(url, write_rows(tmp_path / "p.jsonl", rows), out, "--concurrency", "1")
+    assert done.returncode == 0, done.stderr
+    injected = answer("INJECTED")
+    answered = out.read_text()
+    assert len(answered.splitlines()) == 6 and injected.strip() not in answered

@@ -7,7 +7,8 @@ deterministically from what it was sent, and misbehaves on purpose where a test 
 The answer to a request is `answer-<sha256 of the request's messages or prompt (and seed), 12 hex>`: a multi-turn answer depends on every earlier turn sent with it. --refuse TEXT: a 400 for a
 request that holds TEXT; --fail TEXT: a 500 for it; --drop TEXT: its connection closed unanswered; --busy N:
 the first N generation requests a 429 with Retry-After S. --hostile KIND makes every reply (models, generation or both)
-one attack: trickle-models, trickle-version, endless, bad-gzip, deep, surrogate, overlong, nan.
+one attack: trickle-models, trickle-version, endless, bad-gzip, deep, surrogate, overlong, nan,
+negative-chunk, surplus.
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ async def respond(method: str, path: str, body: bytes, writer: asyncio.StreamWri
             writer.write(reply(200, b"\x1f\x8b\x08\x00garbage-not-gzip", "Content-Encoding: gzip\r\n"))
         elif hostile == "deep":
             writer.write(reply(200, b"[" * 200_000 + b"]" * 200_000))
+        elif hostile == "negative-chunk":  # a chunk size with a sign: int(x, 16) reads it, HTTP does not
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"-7fffffff\r\n")
+        elif hostile == "surplus":  # a whole reply and, in the same write, bytes that look like the next one
+            writer.write(reply(200, completion(path, payload)) + reply(200, completion(path, {"prompt": "INJECTED"})))
         elif hostile == "nan":  # a number JSON has no word for: the reply is not JSON
             writer.write(reply(200, b'{"choices": [{"text": "x", "message": {"content": "x"}}], '
                                     b'"usage": {"completion_tokens": NaN}}'))
