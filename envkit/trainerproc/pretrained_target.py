@@ -103,11 +103,16 @@ def _ensure(name: str, origin: dict, make, quiet: bool) -> TargetResult:
     except OSError as exc:
         raise TargetError(f"cannot create {printable(out.parent)} ({exc.strerror}): set ENVKIT_HOME to a directory you "
                           f"can write") from None
+    lock = out.parent / f".{out.name}.lock"
     try:
-        with ExclusiveLock(out.parent / f".{out.name}.lock"):  # two runs fetch it once
+        with ExclusiveLock(lock):  # two runs fetch it once
             reused = out.exists()
             if not reused:
-                _make(name, origin, out, make, quiet)
+                try:
+                    _make(name, origin, out, make, quiet)
+                except BaseException:
+                    lock.unlink(missing_ok=True)  # a failed conversion leaves nothing behind (its work dir is gone)
+                    raise
             maketarget.check_built(out)
     except ValueError as exc:  # the lock file refused, or the dir changed since it was converted
         raise TargetError(str(exc)) from None
