@@ -1,4 +1,6 @@
-"""`envkit data regenerate`: every prompt row answered by the target through serving engines, written as training data.
+"""The engine of `envkit data regenerate` and `data synthesize`: rows answered by the target through serving engines,
+written in input order. What a row is and how it is answered is the work's (`Regeneration` below; synthesize.py's
+`Synthesis`); a server dropping a row's request while it answers others sets the row aside, not the server.
 
 Each server has its own workers (`concurrency` each) that take the next row when they have room, so a slow server
 answers fewer rows and a dead one none (the run says which died, and its rows go to the others). One writer keeps
