@@ -3,7 +3,7 @@ slowly the peer sends (each read waits only for what is left of it; a per-read t
 trickles a byte a second hold a request forever), a cap on the size of every reply (compressed or not), and
 nothing followed (no redirects, no proxy settings from the environment).
 
-Keep-alive connections, one per worker thread, framed by h11; gzip and deflate bodies decoded within the cap. No
+Keep-alive connections, one per worker thread, framed by llhttp (httptools); gzip and deflate bodies decoded within the cap. No
 event loop and no connection pool: the client must keep several engines busy on two cores.
 """
 
@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-import h11
+import httptools
 
 HEAD_LIMIT = 64 << 10  # status line and headers
 READ_SIZE = 1 << 16
@@ -80,16 +80,17 @@ class Response:
 
 
 class Connection:
-    """One keep-alive connection to an endpoint, used by one thread at a time. The bytes are framed by h11 (the
-    sans-IO HTTP/1.1 parser under httpcore and httpx): status line, headers, Content-Length, chunked bodies and
-    trailers by the grammar, not by Python's conveniences (int(x, 16) takes a sign; a chunk size of -7fffffff would
-    lower a running total). What is envkit's: the socket, the deadline, the caps."""
+    """One keep-alive connection to an endpoint, used by one thread at a time. Replies are framed by llhttp (Node's
+    HTTP/1.1 parser, through httptools, as uvicorn reads requests): status line, headers, Content-Length, chunked
+    bodies and trailers by the grammar, not by Python's conveniences (int(x, 16) takes a sign; a chunk size of
+    -7fffffff would lower a running total). h11 framed them first and cost 60% of the client's time at 1 M rows
+    (bench/RESULTS.md). What is envkit's: the socket, the deadline, the caps, a body that ends at the peer's close
+    (llhttp leaves the end of the stream to its caller)."""
 
     def __init__(self, endpoint: Endpoint, connect_timeout: float):
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
         self.sock: socket.socket | None = None
-        self.protocol: h11.Connection | None = None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -97,7 +98,7 @@ class Connection:
                 self.sock.close()
             except OSError:
                 pass
-        self.sock = self.protocol = None
+        self.sock = None
 
     def request(self, method: str, path: str, body: bytes | None, *, deadline: float, limit: int) -> Response:
         """Send one request and read its whole reply by `deadline` (time.monotonic()), the body at most `limit`
@@ -122,73 +123,54 @@ class Connection:
         if self.sock is None:
             self._connect(deadline)
         self._send(self._request_bytes(method, path, body), deadline)
-        status, headers, parts, total, received = None, {}, [], 0, False
-        while True:
-            try:
-                event = self.protocol.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise HttpError("protocol", f"not a well-formed HTTP/1.1 reply ({str(exc)[:120]})") from None
-            if event is h11.NEED_DATA:
-                data = self._recv(deadline)
-                if not data and not received:
+        reply = _Reply(limit)
+        parser = reply.parser = httptools.HttpResponseParser(reply)
+        received = False
+        while not reply.complete:
+            data = self._recv(deadline)
+            if not data:
+                if not received:
                     raise HttpError("stale", "the server closed the connection without a reply")
-                received = True
-                self.protocol.receive_data(data)
-            elif isinstance(event, h11.Response):
-                status, headers = event.status_code, _headers(event.headers)
-                length = headers.get("content-length", "")
-                if length.isdigit() and int(length) > limit:
-                    raise HttpError("too_large", f"a reply of {int(length):,} bytes (at most {limit:,} are read)")
-            elif isinstance(event, h11.Data):
-                total += len(event.data)
-                if total > limit:
-                    raise HttpError("too_large", f"a reply over {limit:,} bytes (at most that many are read)")
-                parts.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
+                if not reply.ends_at_close:
+                    raise HttpError("connect", "the server closed the connection mid-reply")
+                reply.complete, reply.keep_alive = True, False  # a body delimited by the close (RFC 9112 6.3)
                 break
-            elif isinstance(event, h11.ConnectionClosed):
-                raise HttpError("connect", "the server closed the connection mid-reply")
-            # h11.InformationalResponse (100 Continue): the real reply follows
-        payload = _decoded(b"".join(parts), headers.get("content-encoding", "").strip().lower(), limit)
-        self._after_reply()
-        return Response(status, headers, payload)
+            received = True
+            reply.fed += len(data)
+            if not reply.head_done and reply.fed > HEAD_LIMIT:
+                raise HttpError("protocol", f"a status line and headers over {HEAD_LIMIT:,} bytes")
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                if reply.error is not None:
+                    raise reply.error from None
+                if not reply.complete:
+                    raise HttpError("protocol", f"not a well-formed HTTP/1.1 reply ({str(exc)[:120]})") from None
+                reply.keep_alive = False  # bytes after a complete body are not the next reply: drop the connection
+        payload = _decoded(b"".join(reply.parts), reply.headers.get("content-encoding", "").strip().lower(), limit)
+        if not reply.keep_alive:
+            self.close()
+        return Response(reply.status, reply.headers, payload)
 
     def _request_bytes(self, method: str, path: str, body: bytes | None) -> bytes:
-        """The request through h11's state machine (it must have sent one to read a reply). Its fields are envkit's
-        own, checked once: the host and path by parse_endpoint, the rest constants; so h11 is told they are parsed
-        (`_parsed`), which spares the per-request header validation that cost ~70 us a request (a third of the
-        client's time at 1 M rows, bench/RESULTS.md)."""
-        headers = list(self._headers)
-        if body is not None:
-            headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        request = h11.Request(method=method.encode(), target=f"{self.endpoint.path}{path}".encode("ascii"),
-                              headers=headers, http_version=b"1.1", _parsed=True)
-        data = self.protocol.send(request)
-        if body:
-            data += self.protocol.send(h11.Data(data=body))
-        return data + self.protocol.send(h11.EndOfMessage())
+        """The request line and headers: envkit's own fields, checked once (the host and path by parse_endpoint,
+        the rest constants), so written out rather than passed through a validator on every request."""
+        head = f"{method} {self.endpoint.path}{path} HTTP/1.1\r\n{self._head}"
+        if body is None:
+            return f"{head}\r\n".encode("ascii")
+        return f"{head}content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode("ascii") + body
 
     @functools.cached_property
-    def _headers(self) -> list[tuple[bytes, bytes]]:
+    def _head(self) -> str:
         endpoint = self.endpoint
         host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
         headers = [("host", f"{host}:{endpoint.port}"), ("accept", "application/json"),
                    ("accept-encoding", "gzip, deflate"), ("user-agent", "envkit-regenerate")]
         if endpoint.authorization:
             headers.append(("authorization", endpoint.authorization))
-        h11.Request(method="GET", target="/", headers=headers)  # validated once, as h11 would every time
-        return [(name.encode("ascii"), value.encode("ascii")) for name, value in headers]
-
-    def _after_reply(self) -> None:
-        """Keep the connection for the next request only when both sides may, and it holds no unread bytes (bytes
-        after a complete body are not the next reply: the connection is dropped)."""
-        protocol = self.protocol
-        if protocol.our_state is h11.DONE and protocol.their_state is h11.DONE:
-            surplus, closed = protocol.trailing_data
-            if not surplus and not closed:
-                protocol.start_next_cycle()
-                return
-        self.close()
+        if any(not value.isascii() or not value.isprintable() for _, value in headers):
+            raise HttpError("protocol", "a header value a request cannot carry")  # parse_endpoint rules this out
+        return "".join(f"{name}: {value}\r\n" for name, value in headers)
 
     def _holds_unread(self) -> bool:
         """Whether an idle kept connection has anything to read: surplus bytes after the last reply, or its end."""
@@ -209,7 +191,6 @@ class Connection:
         except OSError as exc:
             raise HttpError("connect", f"cannot connect ({exc.strerror or exc})") from None
         self.sock = sock
-        self.protocol = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEAD_LIMIT)
 
     def _settimeout(self, deadline: float) -> None:
         remaining = deadline - time.monotonic()
@@ -239,12 +220,54 @@ class Connection:
             raise HttpError("connect", f"the connection broke ({exc.strerror or exc})") from None
 
 
-def _headers(pairs) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for name, value in pairs:
+class _Reply:
+    """llhttp's callbacks for one reply: the status, headers and body within the caps. An informational reply
+    (100 Continue) is passed over; a second reply in the same bytes is surplus, which ends the parse (the first
+    stands, the connection is dropped). A callback's error stops llhttp and is raised by the exchange."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.parts: list[bytes] = []
+        self.total = self.fed = 0
+        self.head_done = self.complete = self.keep_alive = self.ends_at_close = False
+        self.error: HttpError | None = None
+        self.parser: httptools.HttpResponseParser | None = None
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _Surplus()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
         key, text = name.decode("latin-1").lower(), value.decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    return headers
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.limit:
+            self.error = HttpError("too_large", f"a reply of {int(length):,} bytes (at most {self.limit:,} are read)")
+            raise self.error
+        self.status, self.keep_alive = self.parser.get_status_code(), self.parser.should_keep_alive()
+        self.head_done = True
+        self.ends_at_close = not length and "chunked" not in self.headers.get("transfer-encoding", "").lower()
+
+    def on_body(self, data: bytes) -> None:
+        self.total += len(data)
+        if self.total > self.limit:
+            self.error = HttpError("too_large", f"a reply over {self.limit:,} bytes (at most that many are read)")
+            raise self.error
+        self.parts.append(bytes(data))
+
+    def on_message_complete(self) -> None:
+        if 100 <= self.status < 200:  # the real reply follows
+            self.headers, self.head_done = {}, False
+            return
+        self.complete = True
+
+
+class _Surplus(Exception):
+    """Bytes after a complete reply (raised inside llhttp's callback to stop it there)."""
 
 
 def _decoded(payload: bytes, encoding: str, limit: int) -> bytes:
