@@ -9,7 +9,7 @@ from trainer.common.errors import TrainerInputError
 from trainer.common.files import (ExclusiveLock, atomic_write, envkit_home, file_sha256, loads_exchanged_json,
                                   loads_json, open_lock_file, permission_problem, read_json_file)
 from trainer.common.mitigations import MITIGATIONS, WARM_LOCK_ENV
-from trainer.common.records import details
+from trainer.common.records import EXPORT_MANIFEST, details
 from trainer.common.template_kwargs import parse_template_kwargs
 from trainer.config import presets_help
 from trainer.data import INSTRUCTION_KINDS
@@ -17,7 +17,7 @@ from trainer.data.regenerated import completion_row, conversation_row
 from trainer.data.source_digest import source_sha256
 from trainer.targets import maketarget, pretrained
 
-__all__ = ["ExclusiveLock", "INSTRUCTION_KINDS", "MITIGATIONS", "TrainerInputError", "WARM_LOCK_ENV", "atomic_write",
+__all__ = ["EXPORT_MANIFEST", "ExclusiveLock", "INSTRUCTION_KINDS", "MITIGATIONS", "TrainerInputError", "WARM_LOCK_ENV", "atomic_write",
            "completion_row", "conversation_row", "details", "die_with_parent", "envkit_home", "file_sha256",
            "instructions", "loads_exchanged_json", "loads_json", "maketarget", "open_lock_file", "parse_template_kwargs",
            "permission_problem", "presets_help", "pretrained", "read_json_file", "source_sha256"]

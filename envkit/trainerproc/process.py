@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 from envkit import paths
@@ -41,6 +43,27 @@ def run_trainer(venv: Venv, args: list[str], env: dict[str, str], *, timeout: fl
     if proc.returncode not in ok_codes:
         raise trainer_failure(venv, args, proc.stderr, error)
     return proc
+
+
+def stream_trainer(venv: Venv, args: list[str], env: dict[str, str], *, shown: str,
+                   error: type[EnvkitError] = CacheError) -> str:
+    """Run to completion, echoing the trainer's stderr lines that start with `shown` (its progress) as they come;
+    returns its stdout. A failure becomes `error` with the trainer's own `Error:` line, as run_trainer's."""
+    proc = subprocess.Popen(trainer_command(venv, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, preexec_fn=die_with_parent)
+    stdout: list[str] = []
+    reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    kept = []
+    for line in proc.stderr:
+        kept.append(line)
+        del kept[:-200]  # the tail is enough to name a failure
+        if line.startswith(shown):
+            print(line, end="", file=sys.stderr, flush=True)
+    reader.join()
+    if proc.wait() != 0:
+        raise trainer_failure(venv, args, "".join(kept), error)
+    return "".join(stdout)
 
 
 def trainer_failure(venv: Venv, args: list[str], stderr: str, error: type[EnvkitError] = CacheError) -> EnvkitError:

@@ -46,6 +46,14 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def weights_digest(directory: Path) -> str:
+    """sha256 over a model dir's safetensors files, names and bytes: the identity of a target's weights."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        digest.update(path.name.encode() + b"\0" + file_sha256(path).encode())
+    return digest.hexdigest()
+
+
 def read_json_file(path: Path, *, limit: int = 64 << 20):
     """JSON from a regular file, without following a link or blocking on a FIFO; ValueError otherwise."""
     try:

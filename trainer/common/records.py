@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+# What `export` writes beside the drafter: what was exported from where (trainer/export/dflash.py).
+EXPORT_MANIFEST = "envkit-export.json"
+
 
 class StepRow(TypedDict, total=False):
     """One line of metrics.jsonl per training step (the README's metrics table)."""
@@ -58,6 +61,10 @@ class WalkRow(TypedDict):
     walk_verified_agree: int  # of those, the ones whose acceptance equals the batched walk's exactly
     walk_method: str
     walk_tau_by_prompt: list[float]
+    walk_copy_tau_by_prompt: list[float]
+    walk_repeat_tau_by_prompt: list[float]
+    walk_degenerate_prompts: list[int]  # indices of the prompts left out
+    walk_positions: list[float]  # per draft slot k: the share of forwards reaching k that accepted slots 1..k
 
 
 class Summary(TypedDict):

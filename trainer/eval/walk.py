@@ -288,11 +288,12 @@ def block_proposer(propose):
 
 
 def walk_along(blocks, sequences: torch.Tensor, context: torch.Tensor, starts: list[int], new_tokens: int,
-               block_size: int) -> list[list[int]]:
+               block_size: int, positions: list["Positions"] | None = None) -> list[list[int]]:
     """Every row's walk along its greedy continuation -> (accepted + 1) per target forward, for each row.
     sequences (B, S): prompt + continuation, right-padded; starts: each prompt's length; context (B, S, taps*H):
     the target's tapped states over the sequences. Each step drafts every unfinished row's block in one call; a
-    draft slot is accepted while it equals the continuation, which is what the target would verify."""
+    draft slot is accepted while it equals the continuation, which is what the target would verify. `positions`
+    (one a row) counts, per draft slot, the forwards that could accept it and those that did."""
     rows = sequences.shape[0]
     truth, done = sequences.tolist(), [1] * rows  # the target's first token comes with the prompt's forward
     per_forward: list[list[int]] = [[] for _ in range(rows)]
@@ -311,7 +312,33 @@ def walk_along(blocks, sequences: torch.Tensor, context: torch.Tensor, starts: l
             produced = min(accepted + 1, room)
             done[row] += produced
             per_forward[row].append(produced)
+            if positions is not None:
+                positions[row].count(len(want), accepted)
     return per_forward
+
+
+@dataclass
+class Positions:
+    """Per draft slot k (1..block_size-1): the forwards whose draft reached slot k (the continuation still had room)
+    and those that accepted every slot through k. accepted[k] / tried[k] is the positions curve."""
+    tried: list[int]
+    accepted: list[int]
+
+    @classmethod
+    def empty(cls, block_size: int) -> "Positions":
+        return cls([0] * (block_size - 1), [0] * (block_size - 1))
+
+    def count(self, slots: int, accepted: int) -> None:
+        for slot in range(slots):
+            self.tried[slot] += 1
+            self.accepted[slot] += slot < accepted
+
+    def add(self, other: "Positions") -> None:
+        self.tried = [a + b for a, b in zip(self.tried, other.tried)]
+        self.accepted = [a + b for a, b in zip(self.accepted, other.accepted)]
+
+    def curve(self) -> list[float]:
+        return [round(a / t, 4) if t else 0.0 for a, t in zip(self.accepted, self.tried)]
 
 
 def check_full_forward(logits: torch.Tensor, sequence: list[int], start: int, new_tokens: int, dtype) -> bool:
@@ -323,13 +350,15 @@ def check_full_forward(logits: torch.Tensor, sequence: list[int], start: int, ne
 
 
 def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, block_size: int,
-                  layer_ids: list[int], dtype=torch.float32, verified: int = VERIFIED_PROMPTS) -> dict:
+                  layer_ids: list[int], dtype=torch.float32, verified: int = VERIFIED_PROMPTS,
+                  progress=None) -> dict:
     """Walk tau of the drafter and of the two rules over the same prompts, the first `verified` prompts also
     walked with the target verifying each block and checked lossless. Prompts the target continues degenerately
     are counted and left out of the headline figures (a target that loops is named, not flattered); when every
-    prompt is, the figures are over all of them."""
+    prompt is, the figures are over all of them. `progress(done, total)` is told after each batch of prompts."""
     rules = {"repeat": repeat_proposer(block_size), "copy": copy_proposer(block_size)}
     per_prompt = {name: [0.0] * len(prompts) for name in ("drafter", *rules)}
+    positions = [Positions.empty(block_size) for _ in prompts]
     near_ties, looping, agree = 0, set(), 0
     continuations = padded_greedy(target, prompts, new_tokens)
     device = next(target.parameters()).device
@@ -343,7 +372,8 @@ def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, bl
         with recorded_taps(target, layer_ids) as states:  # right padding: causal, so no row position sees it
             hidden = target.model(input_ids=padded, use_cache=False).last_hidden_state  # (rows, S, H)
             context = states()
-        walks = walk_along(blocks, padded, context, [len(prompts[i]) for i in indices], new_tokens, block_size)
+        walks = walk_along(blocks, padded, context, [len(prompts[i]) for i in indices], new_tokens, block_size,
+                           positions[start:start + len(indices)])
         for row, index in enumerate(indices):
             prompt, greedy = prompts[index], continuations[index]
             logits = head(hidden[row]).float()  # (S, V): one row's at a time (64 rows of 49K-token logits: 2.5 GB)
@@ -359,8 +389,13 @@ def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, bl
                 per_forward_rule = rule_walk(propose, prompt, greedy, new_tokens)
                 per_prompt[name][index] = sum(per_forward_rule) / len(per_forward_rule) if per_forward_rule else 1.0
             per_prompt["drafter"][index] = sum(walks[row]) / len(walks[row]) if walks[row] else 1.0
+        if progress is not None:
+            progress(indices[-1] + 1, len(prompts))
 
     counted = [i for i in range(len(prompts)) if i not in looping] or list(range(len(prompts)))
+    over_counted = Positions.empty(block_size)
+    for index in counted:
+        over_counted.add(positions[index])
 
     def mean(values):
         kept = [values[i] for i in counted]
@@ -371,7 +406,11 @@ def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, bl
             "walk_degenerate": len(looping), "walk_counted": len(counted), "walk_near_ties": near_ties,
             "walk_verified": min(verified, len(prompts)), "walk_verified_agree": agree,
             "walk_method": WALK_METHOD,
-            "walk_tau_by_prompt": [round(tau, 3) for tau in per_prompt["drafter"]]}
+            "walk_tau_by_prompt": [round(tau, 3) for tau in per_prompt["drafter"]],
+            "walk_positions": over_counted.curve(),
+            "walk_copy_tau_by_prompt": [round(tau, 3) for tau in per_prompt["copy"]],
+            "walk_repeat_tau_by_prompt": [round(tau, 3) for tau in per_prompt["repeat"]],
+            "walk_degenerate_prompts": sorted(looping)}
 
 
 def render_example(tokenizer, prompt: list[int], trace: list[Forward], limit: int = 12) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from trainer.common.errors import TrainerInputError
-from trainer.common.files import file_sha256, follow_umask
+from trainer.common.files import file_sha256, follow_umask, weights_digest
 from trainer.config.schema import TrainConfig
 from trainer.export import modelcard
 from trainer.export.place import EXPORT_MANIFEST, check_out, place
@@ -167,6 +167,8 @@ def export(ckpt: Path, out: Path, *, force: bool = False, dtype: str | None = No
             "format": "dflash", "checkpoint": str(Path(ckpt).absolute()), "step": state["step"],
             "target": "target/" if target_dir else cfg.target.path, "tokenizer": meta["tokenizer"],
             "chat_template_kwargs": meta["chat_template_kwargs"], "training_config": cfg.to_dict(),
+            # a target outside the export is named by path; its weights' digest tells `envkit eval` it is the same
+            "target_weights_sha256": weights_digest(Path(cfg.target.path)) if cfg.target.path else None,
             "files": {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()},
         }
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from trainer.common.errors import TrainerInputError
 from trainer.common.files import file_sha256, read_json_record
-
-EXPORT_MANIFEST = "envkit-export.json"
+from trainer.common.records import EXPORT_MANIFEST
 
 
 def not_replaceable(out: Path) -> str | None:
