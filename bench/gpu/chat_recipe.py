@@ -30,32 +30,35 @@ PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT))
 
 
-def answers(target: Path, instructions: list[str], max_new_tokens: int, batch: int) -> tuple[list[str], float]:
+def answers(target: Path, instructions: list[str], max_new_tokens: int, batch: int) -> tuple[list[str], dict]:
+    """The target's greedy answers through the trainer's batched decoder (trainer/data/greedy_decode.py, the walk's),
+    batches of like lengths; figures: seconds and generated tokens per second."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trainer.data.greedy_decode import padded_greedy
+
     tokenizer = AutoTokenizer.from_pretrained(target)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:  # SmolLM2's GGUF names none; <|im_end|> (id 2) ends every answer anyway
-        tokenizer.pad_token = "<|im_end|>"
-    pad = tokenizer.pad_token_id
     device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: a smoke run of the script itself
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).to(device).eval()
+    stops = tuple({tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None})
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"] for text in instructions]
     started = time.perf_counter()
-    rendered = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                              tokenize=False) for text in instructions]
-    order = sorted(range(len(rendered)), key=lambda i: len(rendered[i]))  # batches of like lengths pad little
-    out: list[str] = [""] * len(rendered)
-    for start in range(0, len(order), batch):
-        chosen = order[start:start + batch]
-        enc = tokenizer([rendered[i] for i in chosen], return_tensors="pt", padding=True,
-                        add_special_tokens=False).to(device)
-        with torch.no_grad():
-            generated = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
-        for i, row in zip(chosen, generated[:, enc["input_ids"].shape[1]:]):
-            out[i] = tokenizer.decode(row, skip_special_tokens=True)
-        print(f"answered {min(start + batch, len(order))} of {len(order)}", file=sys.stderr, flush=True)
-    return out, time.perf_counter() - started
+
+    def progress(done: int, total: int, tokens: int) -> None:
+        rate = tokens / (time.perf_counter() - started)
+        print(f"answered {done} of {total}: {tokens:,} tokens, {rate:,.0f} tokens/s", file=sys.stderr, flush=True)
+
+    decoded = padded_greedy(model, prompts, max_new_tokens, batch, stop_ids=stops, by_length=True, progress=progress)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    tokens = sum(map(len, decoded))
+    figures = {"seconds": round(seconds, 1), "generated_tokens": tokens, "tokens_per_s": round(tokens / seconds),
+               "batch": batch, "max_new_tokens": max_new_tokens,
+               "hit_max": sum(len(row) == max_new_tokens for row in decoded)}
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in decoded], figures
 
 
 def main() -> None:
@@ -67,7 +70,7 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=8000, help="training instructions (at most all there are)")
     parser.add_argument("--held-out", type=int, default=64)
     parser.add_argument("--answer-tokens", type=int, default=256)
-    parser.add_argument("--answer-batch", type=int, default=384)
+    parser.add_argument("--answer-batch", type=int, default=1024)
     parser.add_argument("--run", default="run", help="the run's name: its dir under --work and its figures' file")
     # The chat preset's own unless given (trainer/config/schema.py).
     parser.add_argument("--steps", type=int)
@@ -75,6 +78,10 @@ def main() -> None:
     parser.add_argument("--drafter-layers", type=int)
     parser.add_argument("--train-seconds", type=float, default=None,
                         help="stop training after this long and walk its last checkpoint (a call has 10 minutes)")
+    parser.add_argument("--eager", action="store_true", help="eager SDPA, as the chat runs before issue 60 trained")
+    parser.add_argument("--detach", action="store_true",
+                        help="start training in a session of its own, from a copy of the project in --work, and "
+                             "return: the next call on the warm machine evaluates it (bench/gpu/eval_chat.sh)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     for part in args.gguf_parts or []:
@@ -106,8 +113,8 @@ def main() -> None:
     held_texts = corpus.instructions(True, args.held_out, seed=0)
     data = args.work / f"answers-{len(train_texts)}.jsonl"
     if not data.exists():  # answered by an earlier call on this machine: the same instructions, the same answers
-        answered, seconds = answers(target, train_texts, args.answer_tokens, batch=args.answer_batch)
-        figures["answers"] = {"rows": len(answered), "pool": len(pool), "seconds": round(seconds, 1),
+        answered, decoding = answers(target, train_texts, args.answer_tokens, batch=args.answer_batch)
+        figures["answers"] = {"rows": len(answered), "pool": len(pool), **decoding,
                               "empty": sum(not text.strip() for text in answered),
                               "with_def": sum("def " in text for text in answered), "example": answered[0][:400]}
         save()
@@ -122,17 +129,32 @@ def main() -> None:
     config = args.work / f"{args.run}.json"
     given = {"steps": args.steps, "batch_size": args.batch_size, "drafter": args.drafter_layers and
              {"num_layers": args.drafter_layers}}
-    config.write_text(json.dumps({"preset": "chat", "dtype": "bfloat16", "attention": "sdpa", "compile": False,
+    # The preset's own attention and compile: flex over packed rows, compiled (1.85x eager SDPA's tokens/s on an
+    # H100, bench/gpu/chat_compiled.sh); EAGER=1 (--eager) trains as the runs before issue 60 did.
+    how = {"attention": "sdpa", "compile": False} if args.eager else {}
+    config.write_text(json.dumps({"preset": "chat", "dtype": "bfloat16", **how,
                                   "walk_prompts": args.held_out, "walk_new_tokens": 96,
                                   **{k: v for k, v in given.items() if v}}))
     figures["config"] = json.loads(config.read_text())
     run = args.work / args.run
     shutil.rmtree(run, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=f"{PROJECT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    project = PROJECT
+    if args.detach:  # the working tree is laid again by the next call: the run must not read it
+        project = args.work / "project"
+        shutil.rmtree(project, ignore_errors=True)
+        shutil.copytree(PROJECT / "trainer", project / "trainer")
+    env = dict(os.environ, PYTHONPATH=f"{project}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     started = time.perf_counter()
     log = (args.work / f"{args.run}.log").open("w")
     train = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--config", str(config), "--target",
-                              str(target), "--data", str(data), "--out", str(run)], stdout=log, stderr=log, env=env)
+                              str(target), "--data", str(data), "--out", str(run)], stdout=log, stderr=log, env=env,
+                             cwd=args.work, start_new_session=args.detach)
+    if args.detach:
+        (args.work / f"{args.run}.pid").write_text(str(train.pid))
+        figures["train"] = {"detached": train.pid}
+        save()
+        print(json.dumps(figures.get("answers", {})))
+        return
     try:
         train.wait(timeout=args.train_seconds)
     except subprocess.TimeoutExpired:  # the last checkpoint (every 500 steps) is walked

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from trainer.config.schema import tiny  # noqa: E402
+from trainer.data.greedy_decode import padded_greedy  # noqa: E402
 from trainer.eval import walk  # noqa: E402
 from trainer.model.target import build_target  # noqa: E402
 
@@ -78,7 +79,15 @@ def test_prompts_of_every_length_decode_together_as_each_alone(target):
     greedy decoding as full forwards give it (the padding masked, positions from each row's first token)."""
     generator = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 500, (length,), generator=generator).tolist() for length in (9, 14, 5, 21)]
-    assert walk.padded_greedy(target, prompts, 20, batch=3) == [full_forward_greedy(target, p, 20) for p in prompts]
+    alone = [full_forward_greedy(target, p, 20) for p in prompts]
+    assert padded_greedy(target, prompts, 20, batch=3) == alone
+    # As the recipe answers: batches of like lengths, each row cut before its first stop token, order kept.
+    stop = alone[0][5]
+    cut = [row[:row.index(stop)] if stop in row else row for row in alone]
+    seen = []
+    assert padded_greedy(target, prompts, 20, batch=2, stop_ids=(stop,), by_length=True,
+                         progress=lambda done, total, tokens: seen.append((done, total, tokens))) == cut
+    assert seen[-1] == (4, 4, sum(map(len, cut)))
 
 
 @torch.no_grad()
@@ -91,7 +100,7 @@ def test_the_batched_walk_accepts_what_the_verified_walk_accepts(target):
 
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 500, (length,), generator=generator).tolist() for length in (7, 16, 11)]
-    greedy = walk.padded_greedy(target, prompts, 30)
+    greedy = padded_greedy(target, prompts, 30)
     cfg = tiny_config()
     drafter = build_drafter(cfg.drafter, cfg.target, num_taps=2).eval()
     head = target.get_output_embeddings().weight

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trainer.data.greedy_decode import padded_greedy
 from trainer.eval.teacher_forced import copy_baseline
 from trainer.model.target import recorded_taps
 
@@ -248,32 +249,6 @@ def degenerate(continuation: list[int]) -> bool:
     return bool(continuation) and 2 * max(Counter(continuation).values()) > len(continuation)
 
 
-@torch.no_grad()
-def padded_greedy(target, prompts: list[list[int]], new_tokens: int, batch: int = WALK_BATCH) -> list[list[int]]:
-    """Each prompt's greedy continuation, prompts of every length decoded together as `generate` batches them:
-    left-padded, the padding masked, positions counted from each row's first token. A row may round apart from a
-    lone decode's in the last bits: walk_along's check calls that a near-tie."""
-    from trainer.data.decode_cache import forward_cached, growing_cache  # transformers: imported where a target decodes
-
-    device = next(target.parameters()).device
-    continuations = []
-    for start in range(0, len(prompts), batch):
-        chunk = prompts[start:start + batch]
-        width = max(map(len, chunk))
-        ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in chunk], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache, chosen = growing_cache(), []
-        for _ in range(new_tokens):
-            logits = forward_cached(target, ids, cache, attention_mask=mask, position_ids=positions).logits[:, -1]
-            ids = logits.argmax(-1, keepdim=True)  # (rows, 1)
-            chosen.append(ids)
-            mask = torch.cat([mask, mask.new_ones(len(chunk), 1)], dim=1)
-            positions = positions[:, -1:] + 1
-        continuations += torch.cat(chosen, dim=1).tolist()
-    return continuations
-
-
 def block_proposer(propose):
     """A one-prompt proposer (tokens, context) -> draft as a `blocks` function over many rows."""
     if hasattr(propose, "blocks"):
@@ -360,7 +335,7 @@ def evaluate_walk(target, drafter, prompts: list[list[int]], new_tokens: int, bl
     per_prompt = {name: [0.0] * len(prompts) for name in ("drafter", *rules)}
     positions = [Positions.empty(block_size) for _ in prompts]
     near_ties, looping, agree = 0, set(), 0
-    continuations = padded_greedy(target, prompts, new_tokens)
+    continuations = padded_greedy(target, prompts, new_tokens, WALK_BATCH)
     device = next(target.parameters()).device
     head = target.get_output_embeddings()
     width = max(map(len, prompts)) + new_tokens
