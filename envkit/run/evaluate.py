@@ -110,4 +110,10 @@ def describe(result: dict) -> list[str]:
     lines.append(f"speedup estimate on {printable(cost['device'])}: {cost['formula']} with t_decode "
                  f"{cost['t_decode_s'] * 1e3:.2f} ms, t_verify {cost['t_verify_s'] * 1e3:.2f} ms, t_draft "
                  f"{cost['t_draft_s'] * 1e3:.2f} ms (docs/cli.md, `envkit eval`)")
+    reference = result.get("reference_dflash") or {}
+    if reference.get("installed"):
+        lines.append(f"reference dflash {printable(reference['installed'])}, {reference['prompts']} prompts: tau "
+                     f"{reference['tau']:.2f}, {reference['equal_to_target_greedy']} equal to the target's greedy "
+                     f"decoding, {reference['tokens_per_s']:.1f} tokens/s against the target's own "
+                     f"{reference['target_tokens_per_s']:.1f} (measured: {reference['speedup']:.2f}x)")
     return lines

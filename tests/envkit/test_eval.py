@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from helpers import one_line_error, run_envkit
+from helpers import one_line_error, run_envkit, run_trainer
 
 CODE = ["def add(a, b):\n    return", "import os\n\nclass Path:\n    def __init__(self", "for item in items:\n    if item"]
 OTHER = ["def greet(name):\n    print(", "while True:\n    line = input("]
@@ -61,6 +61,22 @@ def test_a_run_and_its_export_accept_alike_lossless_with_a_positions_curve(evalu
     # The terminal's table: one row a file, the curve and the lossless check.
     assert "code.jsonl" in of_run.stdout and "positions code.jsonl:" in of_run.stdout and "lossless" in of_run.stdout
     assert "eval code.jsonl: 3/3 prompts walked" in of_run.stderr  # progress as it goes
+    assert of_export["reference_dflash"] == {"installed": False}  # the training lock holds no dflash
+
+
+def test_the_reference_dflash_decodes_the_export_as_the_walk_does(evaluated):
+    """Where the venv has Z Lab's dflash (the test venv: make test installs it), the export is also decoded by it:
+    the target's own greedy tokens, at the acceptance the walk measured on the same prompts."""
+    tmp = evaluated[0]
+    proc = run_trainer("evaluate", "--export", str(tmp / "export"), "--prompts", str(tmp / "code.jsonl"),
+                       env=evaluated[3])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    reference = result["reference_dflash"]
+    assert reference["installed"] and reference["prompts"] == len(CODE)
+    assert reference["equal_to_target_greedy"] == len(CODE)  # lossless through the loader engines follow
+    assert reference["tau"] == pytest.approx(result["files"]["code.jsonl"]["walk_tau"], abs=0.1)
+    assert reference["tokens_per_s"] > 0 and reference["target_tokens_per_s"] > 0
 
 
 class Report(HTMLParser):

@@ -68,11 +68,18 @@ def evaluate(args, log) -> tuple[dict, list[dict]]:
     typical = sorted(every, key=len)[len(every) // 2]
     log(f"eval: timing a drafter step and a target step after a {len(typical)}-token prompt")
     cost = step_cost.measure(loaded, typical)
+    reference = None
+    if args.export:
+        from trainer.eval import reference_decode
+
+        log("eval: decoding the first prompts with the reference dflash, where this venv has it")
+        reference = reference_decode.measure(Path(args.export), loaded, next(iter(by_file.values())), new_tokens)
     result = {"source": str(Path(args.ckpt or args.export).absolute()), "kind": loaded.source,
               "step": loaded.step, "block_size": cfg.drafter.block_size, "new_tokens": new_tokens,
               "files": files, "cost": cost,
               "speedup": {name: step_cost.speedups(cost, f["walk_tau"], f["walk_copy_tau"]) for name, f in files.items()},
-              "tau_median_over_files": round(statistics.median(f["walk_tau"] for f in files.values()), 4)}
+              "tau_median_over_files": round(statistics.median(f["walk_tau"] for f in files.values()), 4),
+              "reference_dflash": reference}
     return result, per_prompt
 
 

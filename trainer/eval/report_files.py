@@ -79,10 +79,20 @@ Prompts the target continues degenerately are counted and left out.</p>
 <p>Estimate on {html.escape(cost['device'])}: <code>{html.escape(cost['formula'])}</code>, t_decode
 {cost['t_decode_s'] * 1e3:.2f} ms, t_verify {cost['t_verify_s'] * 1e3:.2f} ms, t_draft {cost['t_draft_s'] * 1e3:.2f} ms
 (medians, a {cost['prompt_tokens']}-token prompt).</p>
+{_reference_html(result.get("reference_dflash") or {})}
 {plots}
 <h2>Lowest acceptance</h2>{worst}
 </body></html>
 """
+
+
+def _reference_html(reference: dict) -> str:
+    if not reference.get("installed"):
+        return ""
+    return (f"<p id=\"reference\">The reference dflash {html.escape(str(reference['installed']))} decoded the first "
+            f"{reference['prompts']} prompts: tau {reference['tau']:.2f}, {reference['equal_to_target_greedy']} equal to "
+            f"the target's greedy decoding, {reference['tokens_per_s']:.1f} tokens/s against the target's own "
+            f"{reference['target_tokens_per_s']:.1f} (measured speedup {reference['speedup']:.2f}x).</p>")
 
 
 def _worst_html(name: str, worst: list[dict]) -> str:
