@@ -44,7 +44,10 @@ def _decode_batch(target, chunk: list[list[int]], new_tokens: int, stop_ids: tup
     stopped = torch.zeros(len(chunk), dtype=torch.bool, device=device)
     cache, chosen = growing_cache(), []
     for step in range(new_tokens):
-        logits = forward_cached(target, ids, cache, attention_mask=mask, position_ids=positions).logits[:, -1]
+        # Only the last position's logits: a prefill's over every position is rows x width x vocab (51 GiB for
+        # 2,048 SmolLM2 rows), for one token a row.
+        logits = forward_cached(target, ids, cache, attention_mask=mask, position_ids=positions,
+                                logits_to_keep=1).logits[:, -1]
         ids = logits.argmax(-1, keepdim=True)  # (rows, 1)
         chosen.append(ids)
         if stops is not None:
