@@ -16,7 +16,7 @@ from envkit.run.preflight import preflight_doctor, preflight_venv
 from envkit.run.rundir import RUN_JSON, read_run
 from envkit.support.progress import Phases
 from envkit.support.text import printable
-from envkit.support.trainer_helpers import EXPORT_MANIFEST
+from envkit.support.trainer_helpers import EXPORT_MANIFEST, TrainerInputError, check_report_dir
 from envkit.trainerproc.process import stream_trainer, trainer_env
 
 
@@ -80,12 +80,10 @@ def check_inputs(request: EvalRequest) -> None:
     if request.target and not Path(request.target).is_dir():
         raise RunError(f"--target {printable(request.target)} is not a directory (a Hugging Face model dir)")
     if request.out:
-        out = Path(request.out).absolute()
-        if out.is_symlink() or (out.exists() and (not out.is_dir() or any(out.iterdir()))):
-            raise RunError(f"--out {printable(request.out)} exists and is not an empty directory; name a new one")
-        if not out.parent.is_dir():
-            raise RunError(f"--out {printable(request.out)}: the directory {printable(str(out.parent))} does not "
-                           f"exist; create it first")
+        try:
+            check_report_dir(Path(request.out).absolute())  # the trainer's own check, before a venv is touched
+        except TrainerInputError as exc:
+            raise RunError(printable(str(exc))) from None
 
 
 def describe(result: dict) -> list[str]:

@@ -15,10 +15,11 @@ from trainer.config import presets_help
 from trainer.data import INSTRUCTION_KINDS
 from trainer.data.regenerated import completion_row, conversation_row
 from trainer.data.source_digest import source_sha256
+from trainer.eval.report_files import check_out as check_report_dir
 from trainer.targets import maketarget, pretrained
 
 __all__ = ["EXPORT_MANIFEST", "ExclusiveLock", "INSTRUCTION_KINDS", "MITIGATIONS", "TrainerInputError", "WARM_LOCK_ENV", "atomic_write",
-           "completion_row", "conversation_row", "details", "die_with_parent", "envkit_home", "file_sha256",
+           "check_report_dir", "completion_row", "conversation_row", "details", "die_with_parent", "envkit_home", "file_sha256",
            "instructions", "loads_exchanged_json", "loads_json", "maketarget", "open_lock_file", "parse_template_kwargs",
            "permission_problem", "presets_help", "pretrained", "read_json_file", "source_sha256"]
 

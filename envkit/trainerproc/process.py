@@ -12,6 +12,7 @@ from envkit import paths
 from envkit.trainerproc import cacheenv
 from envkit.errors import CacheError, EnvkitError
 from envkit.trainerproc.isolation import without_engine_variables
+from envkit.support.text import printable
 from envkit.venv.managed import Venv
 from envkit.support.trainer_helpers import die_with_parent
 
@@ -58,8 +59,8 @@ def stream_trainer(venv: Venv, args: list[str], env: dict[str, str], *, shown: s
     for line in proc.stderr:
         kept.append(line)
         del kept[:-200]  # the tail is enough to name a failure
-        if line.startswith(shown):
-            print(line, end="", file=sys.stderr, flush=True)
+        if line.startswith(shown):  # a prompt file's name is in it: escaped before a terminal sees it
+            print(printable(line.rstrip("\n")), file=sys.stderr, flush=True)
     reader.join()
     if proc.wait() != 0:
         raise trainer_failure(venv, args, "".join(kept), error)
