@@ -62,7 +62,7 @@ def run(args) -> int:
 
 def walk_prompts(path: str, cfg: TrainConfig) -> list[list[int]]:
     """--prompts read with the run's tokenizer (the data's, else the target's own; none for a random target)."""
-    from trainer.data.rows import read_prompts
+    from trainer.data.rows import read_walk_prompts
     from trainer.model.target import target_dir
     from trainer.train.setup import load_tokenizer
 
@@ -71,10 +71,5 @@ def walk_prompts(path: str, cfg: TrainConfig) -> list[list[int]]:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    prompts = read_prompts(path, tokenizer, cfg.data.chat_template_kwargs, cfg.walk_prompts)
-    positions = cfg.target.max_position_embeddings
-    too_long = [i for i, prompt in enumerate(prompts, 1) if len(prompt) + cfg.walk_new_tokens > positions]
-    if too_long:
-        raise TrainerInputError(f"--prompts {path}: prompt {too_long[0]} with {cfg.walk_new_tokens} new "
-                                f"tokens exceeds the target's {positions} positions")
-    return prompts
+    return read_walk_prompts(path, tokenizer, cfg.data.chat_template_kwargs, cfg.walk_prompts, cfg.walk_new_tokens,
+                             cfg.target.max_position_embeddings)

@@ -84,19 +84,13 @@ def evaluate(args, log) -> tuple[dict, list[dict]]:
 
 
 def _prompts(path: str, tokenizer, cfg, new_tokens: int, limit: int) -> list[list[int]]:
-    from trainer.data.rows import read_prompts
+    from trainer.data.rows import read_walk_prompts
 
     if tokenizer is None:
         raise TrainerInputError("--prompts needs a tokenizer, and this drafter's target has none (a random target): "
                                 "evaluate a run trained on a real or recipe target")
-    prompts = read_prompts(path, tokenizer, cfg.data.chat_template_kwargs, limit)
-    positions = cfg.target.max_position_embeddings
-    too_long = [i for i, prompt in enumerate(prompts, 1) if len(prompt) + new_tokens > positions]
-    if too_long:
-        raise TrainerInputError(f"--prompts {path}: prompt {too_long[0]} ({len(prompts[too_long[0] - 1])} tokens) with "
-                                f"{new_tokens} new tokens exceeds the target's {positions} positions; shorten it or "
-                                f"pass a smaller --new-tokens")
-    return prompts
+    return read_walk_prompts(path, tokenizer, cfg.data.chat_template_kwargs, limit, new_tokens,
+                             cfg.target.max_position_embeddings)
 
 
 def _tokenizer(directory: str | None):

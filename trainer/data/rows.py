@@ -148,3 +148,15 @@ def read_prompts(path: str, tokenizer, template_kwargs: dict | None, limit: int)
     if not prompts:
         raise TrainerInputError(f"--prompts {path} holds no prompt")
     return prompts
+
+
+def read_walk_prompts(path: str, tokenizer, template_kwargs: dict | None, limit: int, new_tokens: int,
+                      positions: int) -> list[list[int]]:
+    """read_prompts, each prompt checked to fit the target's positions with `new_tokens` generated after it."""
+    prompts = read_prompts(path, tokenizer, template_kwargs, limit)
+    too_long = [i for i, prompt in enumerate(prompts, 1) if len(prompt) + new_tokens > positions]
+    if too_long:
+        raise TrainerInputError(f"--prompts {path}: prompt {too_long[0]} ({len(prompts[too_long[0] - 1])} tokens) "
+                                f"with {new_tokens} new tokens exceeds the target's {positions} positions; shorten "
+                                f"it or pass a smaller --new-tokens")
+    return prompts
