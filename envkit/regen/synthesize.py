@@ -19,15 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
-import zlib
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from envkit import __version__
 from envkit.errors import RegenError
 from envkit.prompts.identity import is_held_out, prompt_id
+from envkit.prompts.quality import prompt_rejection, template_markers
 from envkit.regen import openai_api
 from envkit.regen.job import Item, Outcome, Run
 from envkit.regen.ledger import MANIFEST_FORMAT, Ledger, manifest_path
@@ -110,42 +108,8 @@ def check_request(request: SynthRequest) -> None:
                          f"differently from later ones, so follow-up turns cannot be written by appending; use --turns 1")
 
 
-# -- what is kept ---------------------------------------------------------------------------------------------------
-def degenerate(text: str) -> bool:
-    """Mostly one repeated word, line or character, or a loop (text that compresses to almost nothing)."""
-    words = text.split()
-    if len(words) >= 8 and Counter(words).most_common(1)[0][1] * 2 > len(words):
-        return True
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) >= 4 and Counter(lines).most_common(1)[0][1] * 2 > len(lines):
-        return True
-    visible = [char for char in text if not char.isspace()]
-    if len(visible) >= 16 and Counter(visible).most_common(1)[0][1] * 2 > len(visible):
-        return True
-    data = text.encode()
-    return len(data) >= 256 and len(zlib.compress(data)) < 0.15 * len(data)
-
-
-def template_markers(template: dict) -> list[str]:
-    """Markup of the template's own turns: a message holding it wrote past its turn."""
-    pieces = [template["user_stop"], *template["user_to_assistant"].split(), *template["assistant_to_user"].split()]
-    return [piece for piece in dict.fromkeys(pieces) if piece and re.search(r"[<>\[\]|]", piece)]
-
-
 def rejection(text: str, finish: str | None, request: SynthRequest, markers: list[str]) -> str | None:
-    if finish == "length":
-        return "unfinished"
-    if not text:
-        return "empty"
-    if any(marker in text for marker in markers):
-        return "template"
-    if len(text) < request.min_chars:
-        return "too_short"
-    if len(text) > request.max_chars:
-        return "too_long"
-    if degenerate(text):
-        return "degenerate"
-    return None
+    return prompt_rejection(text, finish, request.min_chars, request.max_chars, markers)
 
 
 # -- the work the engine does -------------------------------------------------------------------------------------

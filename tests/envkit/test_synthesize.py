@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from envkit.prompts.identity import is_held_out, normalised, prompt_id
-from envkit.regen.synthesize import SynthRequest, degenerate, rejection, template_markers
+from envkit.prompts.quality import degenerate, template_markers
+from envkit.regen.synthesize import SynthRequest, rejection
 
 pytestmark = pytest.mark.unit
 

@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--target", metavar="DIR", help="the target model dir (default: the one the drafter trained with)")
     p.add_argument("--new-tokens", type=int, metavar="N", help="tokens generated a prompt (default: the run's)")
     p.add_argument("--max-prompts", type=int, default=0, metavar="N", help="the first N prompts a file (0: all)")
+    p.add_argument("--reference-prompts", type=int, default=4, metavar="N",
+                   help="an export: the first N prompts of the first file decoded by the reference dflash, where the "
+                        "venv has it")
     p.add_argument("--device")
     p.add_argument("--out", metavar="DIR", help="write eval.json, per_prompt.csv and report.html there (a new dir)")
 
@@ -73,7 +76,8 @@ def evaluate(args, log) -> tuple[dict, list[dict]]:
         from trainer.eval import reference_decode
 
         log("eval: decoding the first prompts with the reference dflash, where this venv has it")
-        reference = reference_decode.measure(Path(args.export), loaded, next(iter(by_file.values())), new_tokens)
+        reference = reference_decode.measure(Path(args.export), loaded, next(iter(by_file.values())), new_tokens,
+                                             args.reference_prompts)
     result = {"source": str(Path(args.ckpt or args.export).absolute()), "kind": loaded.source,
               "step": loaded.step, "block_size": cfg.drafter.block_size, "new_tokens": new_tokens,
               "files": files, "cost": cost,

@@ -11,10 +11,7 @@ from pathlib import Path
 
 import torch
 
-PROMPTS = 4
-
-
-def measure(export: Path, loaded, prompts: list[list[int]], new_tokens: int) -> dict:
+def measure(export: Path, loaded, prompts: list[list[int]], new_tokens: int, limit: int = 4) -> dict:
     try:
         from dflash import model as reference
     except ImportError:
@@ -24,7 +21,7 @@ def measure(export: Path, loaded, prompts: list[list[int]], new_tokens: int) -> 
         reference._cuda_time = time.perf_counter  # it synchronises CUDA to time; on a CPU there is nothing to wait for
     draft = reference.DFlashDraftModel.from_pretrained(str(export), dtype=loaded.dtype).to(device).eval()
     acceptance, equal, decoding, plain, tokens = [], 0, 0.0, 0.0, 0
-    for prompt in prompts[:PROMPTS]:
+    for prompt in prompts[:limit]:
         ids = torch.tensor([prompt], device=device)
         started = time.perf_counter()
         stats = reference.dflash_generate(draft, loaded.target, ids, max_new_tokens=new_tokens, stop_token_ids=None,
