@@ -164,46 +164,51 @@ def instruction_pool(held_out: bool, kinds: tuple[str, ...] = ("function",)) -> 
     return list(_instruction_pool(held_out, tuple(kinds)))
 
 
-@functools.lru_cache(maxsize=16)  # the stdlib parsed once per process and kinds (seconds each time)
 def _instruction_pool(held_out: bool, kinds: tuple[str, ...]) -> tuple[str, ...]:
-    """instruction_pool's work, cached."""
-    import ast
-    import textwrap
-
+    """instruction_pool's work: the union of each kind's pool (a text's opening says its kind, so kinds never
+    share a text), a held-out one without any training text."""
     unknown = sorted(set(kinds) - set(INSTRUCTION_KINDS))
     if unknown or not kinds:
         raise TrainerInputError(f"unknown instruction kind {unknown[0] if unknown else '(none given)'}; known: "
                                 f"{', '.join(INSTRUCTION_KINDS)}")
-    found = set()
+    found = set().union(*(_pools_by_kind(held_out)[kind] for kind in kinds))
+    if held_out:
+        found -= set().union(*(_pools_by_kind(False)[kind] for kind in kinds))
+    return tuple(sorted(found))
+
+
+@functools.lru_cache(maxsize=2)  # the stdlib parsed once per process and split (seconds each time)
+def _pools_by_kind(held_out: bool) -> dict[str, frozenset[str]]:
+    """Every kind's instructions from the training files (or the held-out ones), in one pass over them."""
+    import ast
+    import textwrap
+
+    found: dict[str, set[str]] = {kind: set() for kind in INSTRUCTION_KINDS}
     for lines, node, owner in _definitions(held_out):
         docstring = ast.get_docstring(node)
         summary = " ".join(docstring.split("\n\n")[0].split()) if docstring else ""
         documented = 20 <= len(summary) <= 300
-        if "explain" in kinds and not isinstance(node, ast.ClassDef):
+        if not isinstance(node, ast.ClassDef):
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             code = textwrap.dedent("".join(lines[first - 1:node.end_lineno]))
             if len(node.body) > 1 and len(code) <= EXPLAINED_MAX_CHARS:
-                found.add(f"Explain what this Python function does:\n\n```python\n{code.rstrip()}\n```")
+                found["explain"].add(f"Explain what this Python function does:\n\n```python\n{code.rstrip()}\n```")
         if not documented or node.name.startswith("_"):
             continue
         if isinstance(node, ast.ClassDef):
-            if "class" in kinds:
-                found.add(f"Write a Python class `{node.name}`: {summary}")
+            found["class"].add(f"Write a Python class `{node.name}`: {summary}")
             continue
         arguments = ast.unparse(node.args)
         if not isinstance(node, ast.FunctionDef) or len(arguments) > 80 or not node.args.args:
             continue
         if node.args.args[0].arg not in ("self", "cls"):  # a function, not a method
-            if "function" in kinds:
-                found.add(f"Write a Python function `{node.name}({arguments})`: {summary}")
-            if "tests" in kinds:
-                found.add(f"Write pytest unit tests for the Python function `{node.name}({arguments})`, which does "
-                          f"this: {summary}")
-        elif "method" in kinds and owner and not owner.startswith("_"):
-            found.add(f"Write the method `{owner}.{node.name}({arguments})` of a Python class `{owner}`: {summary}")
-    if held_out:
-        found -= set(_instruction_pool(False, kinds))
-    return tuple(sorted(found))
+            found["function"].add(f"Write a Python function `{node.name}({arguments})`: {summary}")
+            found["tests"].add(f"Write pytest unit tests for the Python function `{node.name}({arguments})`, which "
+                               f"does this: {summary}")
+        elif owner and not owner.startswith("_"):
+            found["method"].add(f"Write the method `{owner}.{node.name}({arguments})` of a Python class `{owner}`: "
+                                f"{summary}")
+    return {kind: frozenset(texts) for kind, texts in found.items()}
 
 
 def instructions(held_out: bool, count: int, seed: int, kinds: tuple[str, ...] = ("function",)) -> list[str]:
