@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, help="passes over the answers (the steps follow from the data)")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--drafter-layers", type=int)
+    parser.add_argument("--block-size", type=int, help="the drafter's block (the preset's 8; the anchors' 16)")
+    parser.add_argument("--gamma", type=float, help="the loss weighting's decay over block positions")
     parser.add_argument("--train-seconds", type=float, default=None,
                         help="stop training after this long and walk its last checkpoint (a call has 10 minutes)")
     parser.add_argument("--eager", action="store_true", help="eager SDPA, as the chat runs before issue 60 trained")
@@ -175,8 +177,9 @@ def main() -> None:
         (args.out / "answers.jsonl.gz").write_bytes(gzip.compress(rows.encode()))
         del model
     config = args.work / f"{args.run}.json"
-    given = {"steps": args.steps, "epochs": args.epochs, "batch_size": args.batch_size, "drafter": args.drafter_layers and
-             {"num_layers": args.drafter_layers}}
+    drafter = {"num_layers": args.drafter_layers, "block_size": args.block_size, "gamma": args.gamma}
+    given = {"steps": args.steps, "epochs": args.epochs, "batch_size": args.batch_size,
+             "drafter": {k: v for k, v in drafter.items() if v}}
     # The preset's own attention and compile: flex over packed rows, compiled (1.85x eager SDPA's tokens/s on an
     # H100, bench/gpu/chat_compiled.sh); EAGER=1 (--eager) trains as the runs before issue 60 did.
     how = {"attention": "sdpa", "compile": False} if args.eager else {}
