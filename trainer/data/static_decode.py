@@ -42,8 +42,9 @@ def supports(target) -> bool:
 
 
 def choose(logits, sampling: Sampling | None):
-    """The next token of each row from its logits (rows, vocab): the argmax, or a draw under `sampling`."""
-    if sampling is None:
+    """The next token of each row from its logits (rows, vocab): the argmax, or a draw under `sampling`
+    (temperature 0 is the argmax, as servers read it)."""
+    if sampling is None or sampling.temperature == 0:
         return logits.argmax(-1, keepdim=True)
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
