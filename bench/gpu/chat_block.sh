@@ -7,7 +7,7 @@
 #   bash bench/gpu/chat_block.sh              carry .gguf/part-ab, .whl (gguf), .chatcfg (the 8,000 answers)
 source bench/gpu/env.sh
 parts=$(ls .gguf/part-* 2>/dev/null)
-common="--work /tmp/chat --out $OUT --answers .chatcfg/answers.jsonl.gz --detach"
+common="--work /tmp/chat --out $OUT --answers .chatcfg/answers.jsonl.gz --detach ${STEPS:+--steps $STEPS}"
 python3 bench/gpu/chat_recipe.py ${parts:+--gguf-parts $parts} $common --run b8 2> "$OUT/chat-b8.log"
 python3 bench/gpu/chat_recipe.py $common --run b16 --block-size 16 --gamma 7 2> "$OUT/chat-b16.log"
 t=$(date +%s)
