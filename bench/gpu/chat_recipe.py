@@ -11,9 +11,9 @@ into --work; the next call joins them. The training instructions are drawn evenl
 (bench/gpu/synthesized_prompts.py, Magpie-style) join the instructions, and a second held-out file holds synthesized
 prompts the digest held out, so each kind of traffic is walked on its own. The answers are the target's greedy
 answers, generated here by the trainer's batched decoder (no serving engine on the device); on CPU the same answers
-come through `envkit serve` and `envkit data regenerate` (tests/envkit/test_chat_target.py). They are kept in --work (and a copy in OUT), so a
-later call on the same machine trains another run (--run) on them without answering again. Figures go to
-OUT/chat_recipe-RUN.json.
+come through `envkit serve` and `envkit data regenerate` (tests/envkit/test_chat_target.py). They are kept in --work
+(and a copy in OUT), so a later call on the same machine trains another run (--run) on them without answering again.
+Figures go to OUT/chat_recipe-RUN.json.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 
 from envkit.prompts.identity import is_held_out, normalised, prompt_id
-from envkit.prompts.quality import prompt_rejection, template_markers
+from envkit.prompts.quality import MAX_CHARS, MIN_CHARS, prompt_rejection, template_markers
 
 
 def write_prompts(model, tokenizer, template: dict, count: int, *, seed: int, batch: int, max_tokens: int,
@@ -41,7 +41,8 @@ def write_prompts(model, tokenizer, template: dict, count: int, *, seed: int, ba
         for row in written:
             tokens += len(row)
             text = tokenizer.decode(row, skip_special_tokens=True).strip()
-            reason = prompt_rejection(text, "length" if len(row) > max_tokens else "stop", 8, 4000, markers)
+            reason = prompt_rejection(text, "length" if len(row) > max_tokens else "stop", MIN_CHARS, MAX_CHARS,
+                                      markers)
             key = normalised(text)
             if reason is None and key in kept:
                 reason = "duplicate"

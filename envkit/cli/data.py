@@ -11,6 +11,7 @@ import click
 from envkit.cli.app import as_dict, main, print_json
 from envkit.cli.options import (check_preset_choice, config_option, preset_option, profile_option,
                                 training_venv_from_options, venv_option)
+from envkit.prompts.quality import MAX_CHARS, MIN_CHARS
 from envkit.support.outpath import checked_output
 from envkit.support.text import printable
 from envkit.support.trainer_helpers import (INSTRUCTION_KINDS, TrainerInputError, atomic_write, instructions,
@@ -144,8 +145,8 @@ def data_regenerate_command(servers, data_path, out_path, model, turns, concurre
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=256, show_default=True,
               help="A user message's length; one cut by it is unfinished, not kept.")
-@click.option("--min-chars", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--max-chars", type=click.IntRange(min=1), default=4000, show_default=True)
+@click.option("--min-chars", type=click.IntRange(min=1), default=MIN_CHARS, show_default=True)
+@click.option("--max-chars", type=click.IntRange(min=1), default=MAX_CHARS, show_default=True)
 @click.option("--max-attempts", type=click.IntRange(min=1), metavar="N", help="Samples to draw at most (default 8 x --count).")
 @click.option("--held-out", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
               help="The share of prompts, chosen by their digest, in OUT.held-out.jsonl.")

@@ -8,6 +8,9 @@ import re
 import zlib
 from collections import Counter
 
+# A written prompt's length range in characters: the defaults of `envkit data synthesize` and of the device recipe.
+MIN_CHARS, MAX_CHARS = 8, 4000
+
 
 def degenerate(text: str) -> bool:
     """Mostly one repeated word, line or character, or a loop (text that compresses to almost nothing)."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from envkit import __version__
 from envkit.errors import RegenError
 from envkit.prompts.identity import is_held_out, prompt_id
-from envkit.prompts.quality import prompt_rejection, template_markers
+from envkit.prompts.quality import MAX_CHARS, MIN_CHARS, prompt_rejection, template_markers
 from envkit.regen import openai_api
 from envkit.regen.job import Item, Outcome, Run
 from envkit.regen.ledger import MANIFEST_FORMAT, Ledger, manifest_path
@@ -51,8 +51,8 @@ class SynthRequest:
     top_p: float = 1.0
     max_tokens: int = 256  # a user message; one that needs more is unfinished, not kept
     answer_tokens: int = 512  # the target's answers between user turns (turns > 1)
-    min_chars: int = 8
-    max_chars: int = 4000
+    min_chars: int = MIN_CHARS
+    max_chars: int = MAX_CHARS
     max_attempts: int | None = None  # default: 8 x count
     held_out: float = 0.05  # the share of prompts (by digest) in the held-out file
     concurrency: int = 8  # per server

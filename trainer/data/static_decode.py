@@ -112,9 +112,6 @@ class StaticDecoder:
         attended = F.scaled_dot_product_attention(stacked, keys, values, attn_mask=mask, scale=self.scaling)
         return attended.reshape(rows, heads, length, dim)
 
-    def _choose(self, logits):
-        return choose(logits, self.sampling)
-
     # -- prefill and steps ------------------------------------------------------------------------------------
     def prefill(self, ids, attention_mask):
         """The prompts (rows, width), left-padded; the first chosen token of each row."""
@@ -129,7 +126,7 @@ class StaticDecoder:
         def write(cache, states):
             cache[:, :, :width] = states
 
-        chosen = self._choose(self._forward(ids, positions, width, mask[:, None], write))
+        chosen = choose(self._forward(ids, positions, width, mask[:, None], write), self.sampling)
         self.token.copy_(chosen)
         self.column.fill_(width)
         return chosen
@@ -143,7 +140,7 @@ class StaticDecoder:
             cache.index_copy_(2, self.column, states)
 
         logits = self._forward(self.token, self.position, width, self.visible[:, None, None, :width], write)
-        self.token.copy_(self._choose(logits))
+        self.token.copy_(choose(logits, self.sampling))
         self.column.add_(1)
 
     def step(self, column: int):
