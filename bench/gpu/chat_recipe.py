@@ -116,6 +116,8 @@ def main() -> None:
     parser.add_argument("--drafter-layers", type=int)
     parser.add_argument("--block-size", type=int, help="the drafter's block (the preset's 8; the anchors' 16)")
     parser.add_argument("--gamma", type=float, help="the loss weighting's decay over block positions")
+    parser.add_argument("--anchors", type=int, help="blocks drawn per row a step (the preset's 32)")
+    parser.add_argument("--lr", type=float, help="the peak learning rate (the preset's 1e-3)")
     parser.add_argument("--train-seconds", type=float, default=None,
                         help="stop training after this long and walk its last checkpoint (a call has 10 minutes)")
     parser.add_argument("--eager", action="store_true", help="eager SDPA, as the chat runs before issue 60 trained")
@@ -159,6 +161,12 @@ def main() -> None:
         opened = gzip.open if args.answers.suffix == ".gz" else open
         with opened(args.answers, "rb") as given:
             data.write_bytes(given.read())
+        if args.synthesized and not (args.work / "held-out-synthesized.jsonl").exists():
+            # The held-out prompts those answers were split from: the same seed and batch write the same prompts,
+            # and a prompt the digest holds out was never answered for training whichever run wrote it.
+            model, tokenizer = load(target)
+            synthesize(model, tokenizer, target, args, figures, save)
+            del model
     if not data.exists():  # answered by an earlier call on this machine: the same prompts, the same answers
         model, tokenizer = load(target)
         synthesized = synthesize(model, tokenizer, target, args, figures, save) if args.synthesized else []
@@ -178,7 +186,8 @@ def main() -> None:
         del model
     config = args.work / f"{args.run}.json"
     drafter = {"num_layers": args.drafter_layers, "block_size": args.block_size, "gamma": args.gamma}
-    given = {"steps": args.steps, "epochs": args.epochs, "batch_size": args.batch_size,
+    given = {"steps": args.steps, "epochs": args.epochs, "batch_size": args.batch_size, "num_anchors": args.anchors,
+             "lr": args.lr,
              "drafter": {k: v for k, v in drafter.items() if v}}
     # The preset's own attention and compile: flex over packed rows, compiled (1.85x eager SDPA's tokens/s on an
     # H100, bench/gpu/chat_compiled.sh); EAGER=1 (--eager) trains as the runs before issue 60 did.
