@@ -5,7 +5,8 @@
 # reference dflash on the first 16 prompts of each set. Figures in OUT/eval-RUN*.json.
 source bench/gpu/env.sh
 work=/tmp/chat
-runs=${RUNS:-b8 b16 b8g7 wide}
+export RUNS=${RUNS:-b8 b16 wide}
+runs=$RUNS
 t=$(date +%s)
 for run in $runs; do
   pid=$(cat $work/$run.pid 2>/dev/null)
@@ -26,7 +27,7 @@ def ratio(run):
     except Exception:
         return 0
     return f["walk_tau"] / max(f["walk_copy_tau"], f["walk_repeat_tau"])
-print(max(os.environ.get("RUNS", "b8 b16 b8g7 wide").split(), key=ratio))
+print(max(os.environ["RUNS"].split(), key=ratio))
 PY
 )}
 echo "best: $best"
