@@ -28,6 +28,9 @@ def test_config_resolution_order_and_partial_files():
     assert (cfg.steps, cfg.batch_size, cfg.data.buckets, cfg.drafter.block_size) == (7, 4, [64], 8)
     full = resolve(None, cfg.to_dict())  # a run's config.json resolves to itself
     assert full.to_dict() == cfg.to_dict()
+    # The chat preset's steps follow from the data (epochs) unless a step count is asked for.
+    assert (resolve("chat").epochs, resolve("chat", {"steps": 2}).epochs, resolve("chat", None, {"steps": 2}).epochs,
+            resolve("chat", {"steps": 2, "epochs": 1}).epochs) == (3, None, None, 1)
 
 
 @pytest.mark.parametrize("config, needle", [
