@@ -63,7 +63,7 @@ def run(args) -> int:
 def walk_prompts(path: str, cfg: TrainConfig) -> list[list[int]]:
     """--prompts read with the run's tokenizer (the data's, else the target's own; none for a random target)."""
     from trainer.data.rows import read_walk_prompts
-    from trainer.model.target import target_dir
+    from trainer.targets.locate import target_dir
     from trainer.train.setup import load_tokenizer
 
     tokenizer = load_tokenizer(cfg)

@@ -25,8 +25,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """The data file's token store, prepared now or found intact (trainer/data/store.py)."""
     from trainer.data import store, store_reader
-    from trainer.train.setup import tokenizer_source
-    from trainer.model.target import target_dir
+    from trainer.targets.locate import target_dir, tokenizer_source
 
     cfg = config_from(args)
     if not cfg.data.path:

@@ -15,7 +15,8 @@ from trainer.common.files import weights_digest
 from trainer.common.records import EXPORT_MANIFEST
 from trainer.config.schema import TrainConfig
 from trainer.model.drafter import EVAL_ATTENTION, Drafter, build_drafter
-from trainer.model.target import build_target, sync_config_from_model, target_dir
+from trainer.model.target import build_target, sync_config_from_model
+from trainer.targets.locate import target_dir
 from trainer.train.setup import pick_device, resolve_mask_token
 
 # What a target must share with the one a drafter was trained against: the drafter's weights are shaped by them.

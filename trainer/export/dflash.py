@@ -22,7 +22,8 @@ from trainer.common.files import file_sha256, follow_umask, weights_digest
 from trainer.config.schema import TrainConfig
 from trainer.export import modelcard
 from trainer.export.place import EXPORT_MANIFEST, check_out, place
-from trainer.model.target import build_target, same_checksum, target_dir, weights_checksum
+from trainer.model.target import build_target, same_checksum, weights_checksum
+from trainer.targets.locate import target_dir
 from trainer.targets import maketarget
 from trainer.train import checkpoint
 

@@ -15,7 +15,7 @@ from trainer.common.errors import TrainerInputError
 from trainer.common.hf_logging import quiet_transformers
 from trainer.config.schema import TargetConfig
 from trainer.model import target_attention
-from trainer.targets import maketarget, pretrained
+from trainer.targets.locate import target_dir
 
 
 def _qwen3_config(cfg: TargetConfig):
@@ -26,18 +26,6 @@ def _qwen3_config(cfg: TargetConfig):
                        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
                        head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
                        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False)
-
-
-def target_dir(cfg: TargetConfig, log=print) -> str | None:
-    """The target's model dir: the configured path, or a recipe's built target (built here on first use);
-    None for a random target."""
-    if cfg.path:
-        return cfg.path
-    if cfg.recipe in pretrained.PRETRAINED:
-        return str(pretrained.find(cfg.recipe))
-    if cfg.recipe:
-        return str(maketarget.ensure(cfg.recipe, cfg.seed, log=log))
-    return None
 
 
 def build_target(cfg: TargetConfig, *, device: str | torch.device = "cpu", dtype=torch.float32,

@@ -24,7 +24,8 @@ from trainer.config.schema import TrainConfig, target_layer_ids
 from trainer.data import store, store_reader
 from trainer.data.storedata import store_datasets
 from trainer.model.drafter import build_drafter, pick_attention
-from trainer.model.target import build_target, compile_layers, sync_config_from_model, target_dir
+from trainer.model.target import build_target, compile_layers, sync_config_from_model
+from trainer.targets.locate import tokenizer_source
 from trainer.train.replica import Replica
 
 
@@ -109,13 +110,6 @@ def tapped_layers(cfg: TrainConfig) -> list[int]:
     if max(layer_ids) >= cfg.target.num_layers or min(layer_ids) < 0:
         raise TrainerInputError(f"target_layer_ids {layer_ids} outside the target's {cfg.target.num_layers} layers")
     return layer_ids
-
-
-def tokenizer_source(cfg: TrainConfig) -> str | None:
-    """--tokenizer; else the target's own dir when the data is text (a file, or the corpus)."""
-    if cfg.data.tokenizer:
-        return cfg.data.tokenizer
-    return target_dir(cfg.target) if cfg.data.path or cfg.data.source == "corpus" else None
 
 
 def load_tokenizer(cfg: TrainConfig):
