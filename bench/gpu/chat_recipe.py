@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=64, help="prompts walked a held-out file")
     parser.add_argument("--answers", type=Path, help="train on these answers (JSONL, or .gz) instead of answering")
     parser.add_argument("--synthesized", type=int, default=0, help="prompts the target writes itself, kept")
+    parser.add_argument("--held-out-only", action="store_true",
+                        help="only write the held-out files (with --synthesized N: of N written prompts) and stop")
     parser.add_argument("--synth-batch", type=int, default=2048)
     parser.add_argument("--synth-tokens", type=int, default=128, help="a written prompt's most tokens")
     parser.add_argument("--top-p", type=float, default=0.95)
@@ -155,18 +157,18 @@ def main() -> None:
     held_texts = corpus.instructions(True, args.held_out, seed=0)
     held = args.work / "held-out.jsonl"
     write_prompts_file(held, held_texts)
+    if args.held_out_only:
+        # The held-out synthesized prompts of given answers: the same seed and batch write the same prompts, and a
+        # prompt the digest holds out was never answered for training, whichever run wrote it.
+        model, tokenizer = load(target)
+        synthesize(model, tokenizer, target, args, figures, save)
+        return
     data = args.work / f"answers-{len(instruction_texts)}-{args.synthesized}.jsonl"
     if args.answers:  # an earlier call's answers (the 8,000-answer drafter trained again beside a new one)
         data = args.work / f"given-{args.answers.name.removesuffix('.gz')}"
         opened = gzip.open if args.answers.suffix == ".gz" else open
         with opened(args.answers, "rb") as given:
             data.write_bytes(given.read())
-        if args.synthesized and not (args.work / "held-out-synthesized.jsonl").exists():
-            # The held-out prompts those answers were split from: the same seed and batch write the same prompts,
-            # and a prompt the digest holds out was never answered for training whichever run wrote it.
-            model, tokenizer = load(target)
-            synthesize(model, tokenizer, target, args, figures, save)
-            del model
     if not data.exists():  # answered by an earlier call on this machine: the same prompts, the same answers
         model, tokenizer = load(target)
         synthesized = synthesize(model, tokenizer, target, args, figures, save) if args.synthesized else []

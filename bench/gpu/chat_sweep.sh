@@ -3,9 +3,9 @@
 # answers bench/gpu/chat_scale.sh wrote, carried back in), each the chat preset's compiled flex run but for one change:
 #   b8     the preset: block 8, loss weighting gamma 4, 4 layers, 32 anchors a row
 #   b16    block 16 with the anchors' gamma 7
-#   b8g7   block 8 with gamma 7: the loss weighting alone (GAMMA_ALONE=1; RUNS="b8 b16 b8g7 wide" for the eval)
+#   b8g7   block 8 with gamma 7: the loss weighting alone
 #   wide   block 8, gamma 4, 6 layers and 64 anchors a row (more supervised blocks from each target forward)
-# EPOCHS (3) passes each. Three calls on one warm machine, each within 30 s of the last:
+# EPOCHS (3) passes each; RUNS (b8 b16 wide) names the runs, the same for the eval. Three calls on one warm machine, each within 30 s of the last:
 #   STASH=1 bash bench/gpu/chat_sweep.sh      carry .gguf/part-aa and .chatscale (answers.jsonl.gz)
 #   bash bench/gpu/chat_sweep.sh              carry .gguf/part-ab, .whl (gguf, dflash), .chatcfg: the target
 #       converted, the four runs started in sessions of their own, the held-out synthesized prompts written again
@@ -19,11 +19,21 @@ if [ -n "${STASH:-}" ]; then
 fi
 parts=$(ls .gguf/part-* 2>/dev/null)
 common="--work /tmp/chat --out $OUT --answers /tmp/chat/scale-answers.jsonl.gz --detach --epochs ${EPOCHS:-3}"
-python3 bench/gpu/chat_recipe.py ${parts:+--gguf-parts $parts} $common --run b8 2> "$OUT/chat-b8.log"
-python3 bench/gpu/chat_recipe.py $common --run b16 --block-size 16 --gamma 7 2> "$OUT/chat-b16.log"
-if [ -n "${GAMMA_ALONE:-}" ]; then python3 bench/gpu/chat_recipe.py $common --run b8g7 --gamma 7 2> "$OUT/chat-b8g7.log"; fi
-python3 bench/gpu/chat_recipe.py $common --run wide --drafter-layers 6 --anchors 64 \
-  --synthesized 4000 --synth-batch 2048 2> "$OUT/chat-wide.log"
+first=1
+for run in ${RUNS:-b8 b16 wide}; do
+  case $run in
+    b8) flags="" ;;
+    b16) flags="--block-size 16 --gamma 7" ;;
+    b8g7) flags="--gamma 7" ;;
+    wide) flags="--drafter-layers 6 --anchors 64" ;;
+  esac
+  # The first run converts the target; the last writes the held-out synthesized prompts once the others train.
+  python3 bench/gpu/chat_recipe.py ${first:+${parts:+--gguf-parts $parts}} $common --run $run $flags \
+    2> "$OUT/chat-$run.log"
+  first=
+done
+python3 bench/gpu/chat_recipe.py --work /tmp/chat --out "$OUT" --held-out-only --synthesized 4000 --synth-batch 2048 \
+  2> "$OUT/chat-held-out.log"
 echo "started: $(cat /tmp/chat/*.pid | tr '\n' ' '); held-out synthesized: $(wc -l < /tmp/chat/held-out-synthesized.jsonl)"
-sleep ${WATCH:-60}
-for run in b8 b16 ${GAMMA_ALONE:+b8g7} wide; do echo "$run: $(grep -E 'epochs of|step ' /tmp/chat/$run.log | tail -2 | tr '\n' ' ')"; done
+sleep ${WATCH:-30}
+for run in ${RUNS:-b8 b16 wide}; do echo "$run: $(grep -E 'epochs of|step ' /tmp/chat/$run.log | tail -2 | tr '\n' ' ')"; done
