@@ -32,8 +32,10 @@ for run in ${RUNS:-b8 b16 wide}; do
     2> "$OUT/chat-$run.log"
   first=
 done
-python3 bench/gpu/chat_recipe.py --work /tmp/chat --out "$OUT" --held-out-only --synthesized 4000 --synth-batch 2048 \
-  2> "$OUT/chat-held-out.log"
-echo "started: $(cat /tmp/chat/*.pid | tr '\n' ' '); held-out synthesized: $(wc -l < /tmp/chat/held-out-synthesized.jsonl)"
+if [ "${SYNTH_HELD_OUT:-1}" = 1 ]; then  # SYNTH_HELD_OUT=0: walk the held-out instructions only (~40 s less)
+  python3 bench/gpu/chat_recipe.py --work /tmp/chat --out "$OUT" --held-out-only --synthesized 4000 \
+    --synth-batch 2048 2> "$OUT/chat-held-out.log"
+fi
+echo "started: $(cat /tmp/chat/*.pid | tr '\n' ' '); held-out: $(wc -l /tmp/chat/held-out*.jsonl | tr '\n' ' ')"
 sleep ${WATCH:-30}
 for run in ${RUNS:-b8 b16 wide}; do echo "$run: $(grep -E 'epochs of|step ' /tmp/chat/$run.log | tail -2 | tr '\n' ' ')"; done

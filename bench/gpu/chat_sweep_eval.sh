@@ -14,9 +14,9 @@ for run in $runs; do
   echo "$run: waited until $(( $(date +%s) - t ))s; $(grep -m1 'epochs of' $work/$run.log)"
   tail -c 1500 $work/$run.log > "$OUT/train-$run.log"; cp $work/$run/summary.json "$OUT/summary-$run.json" 2>/dev/null
 done
+sets=$(for file in $work/held-out.jsonl $work/held-out-synthesized.jsonl; do [ -f $file ] && echo "--prompts $file"; done)
 for run in $runs; do
-  python3 -m trainer evaluate --ckpt $work/$run/checkpoint.pt --prompts $work/held-out.jsonl \
-    --prompts $work/held-out-synthesized.jsonl > "$OUT/eval-$run.json" 2> "$OUT/eval-$run.log" &
+  python3 -m trainer evaluate --ckpt $work/$run/checkpoint.pt $sets > "$OUT/eval-$run.json" 2> "$OUT/eval-$run.log" &
 done
 wait
 best=${BEST:-$(python3 - <<'PY'
