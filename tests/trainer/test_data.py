@@ -109,6 +109,16 @@ def test_prepare_once_reuse_after_and_read_back_exactly(tmp_path, home):
     assert opened.tokens.dtype == np.uint16  # the tiny target's 512-token vocabulary fits in two bytes
 
 
+def test_preparing_token_ids_never_imports_torch(tmp_path, home):
+    """A store of token-id rows needs numpy, not torch (2 s of a process's start)."""
+    rows = write_rows(tmp_path / "rows.jsonl", 10)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "trainer", "prepare", "--preset", "tiny", "--json",
+                           "--data", str(rows)], capture_output=True, text=True, cwd=PROJECT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "numpy" in imported and "torch" not in imported
+
+
 def test_a_changed_source_or_tokenizer_is_a_new_store(tmp_path, home):
     rows = write_rows(tmp_path / "rows.jsonl", 50)
     tokenizer = tmp_path / "tok"
