@@ -5,13 +5,14 @@
 #   b16    block 16 with the anchors' gamma 7
 #   b8g7   block 8 with gamma 7: the loss weighting alone
 #   wide   block 8, gamma 4, 6 layers and 64 anchors a row (more supervised blocks from each target forward)
-# EPOCHS (3) passes each; RUNS (b8 b16 wide) names the runs, the same for the eval. Three calls on one warm machine, each within 30 s of the last:
+# EPOCHS (3) passes each; RUNS (b8 b16 wide) names the runs, the same for the eval. The answers are the last session's
+# (the answers.jsonl.gz chat_scale.sh wrote to $OUT, copied to .chatscale/). Three calls on one warm machine, 30 s apart at most:
 #   STASH=1 bash bench/gpu/chat_sweep.sh      carry .gguf/part-aa and .chatscale (answers.jsonl.gz)
 #   bash bench/gpu/chat_sweep.sh              carry .gguf/part-ab, .whl (gguf, dflash), .chatcfg: the target
-#       converted, the four runs started in sessions of their own, the held-out synthesized prompts written again
+#       converted, the runs started in sessions of their own, the held-out synthesized prompts written again
 #       (the same seed and batch as the answers' run; held out by digest, so never among its training prompts)
-#   bash bench/gpu/chat_sweep_eval.sh         waits, walks every run on both held-out sets, exports the best and
-#       decodes 16 prompts of each set with the reference dflash
+#   bash bench/gpu/chat_sweep_eval.sh         waits, walks every run on both held-out sets; the best, at 2.0x,
+#       exported and 16 prompts of each set decoded by the reference dflash
 source bench/gpu/env.sh
 if [ -n "${STASH:-}" ]; then
   mkdir -p /tmp/chat && cp .chatscale/answers.jsonl.gz /tmp/chat/scale-answers.jsonl.gz
