@@ -6,7 +6,8 @@
 #   b8g7   block 8 with gamma 7: the loss weighting alone
 #   wide   block 8, gamma 4, 6 layers and 64 anchors a row (more supervised blocks from each target forward)
 # EPOCHS (3) passes each; RUNS (b8 b16 wide) names the runs, the same for the eval. The answers are the last session's
-# (the answers.jsonl.gz chat_scale.sh wrote to $OUT, copied to .chatscale/). Three calls on one warm machine, 30 s apart at most:
+# (the answers.jsonl.gz chat_scale.sh wrote to $OUT, copied to .chatscale/); ANSWERS=.chatcfg/answers.jsonl.gz trains
+# on the recipe's 8,000 instead, STEPS instead of epochs. Three calls on one warm machine, 30 s apart at most:
 #   STASH=1 bash bench/gpu/chat_sweep.sh      carry .gguf/part-aa and .chatscale (answers.jsonl.gz)
 #   bash bench/gpu/chat_sweep.sh              carry .gguf/part-ab, .whl (gguf, dflash), .chatcfg: the target
 #       converted, the runs started in sessions of their own, the held-out synthesized prompts written again
@@ -19,7 +20,7 @@ if [ -n "${STASH:-}" ]; then
   python3 bench/gpu/chat_recipe.py --gguf-parts .gguf/part-* --work /tmp/chat --stash; exit
 fi
 parts=$(ls .gguf/part-* 2>/dev/null)
-common="--work /tmp/chat --out $OUT --answers /tmp/chat/scale-answers.jsonl.gz --detach --epochs ${EPOCHS:-3}"
+common="--work /tmp/chat --out $OUT --answers ${ANSWERS:-/tmp/chat/scale-answers.jsonl.gz} --detach --epochs ${EPOCHS:-3} ${STEPS:+--steps $STEPS}"
 first=1
 for run in ${RUNS:-b8 b16 wide}; do
   case $run in

@@ -42,8 +42,9 @@ def write_rows(path: Path, count: int, seed: int = 0, mode: str = "w") -> Path:
     return path
 
 
-def prepare_cli(*args: str, env=None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", "prepare", "--preset", "tiny", "--json", *args],
+def prepare_cli(*args: str, env=None, timeout: float = 300, python_flags=()) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *python_flags, "-m", "trainer", "prepare", "--preset", "tiny", "--json",
+                           *args],
                           capture_output=True, text=True, cwd=PROJECT, env=env, timeout=timeout)
 
 
@@ -112,8 +113,7 @@ def test_prepare_once_reuse_after_and_read_back_exactly(tmp_path, home):
 def test_preparing_token_ids_never_imports_torch(tmp_path, home):
     """A store of token-id rows needs numpy, not torch (2 s of a process's start)."""
     rows = write_rows(tmp_path / "rows.jsonl", 10)
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "trainer", "prepare", "--preset", "tiny", "--json",
-                           "--data", str(rows)], capture_output=True, text=True, cwd=PROJECT, timeout=120)
+    proc = prepare_cli("--data", str(rows), python_flags=("-X", "importtime"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert "numpy" in imported and "torch" not in imported

@@ -31,6 +31,8 @@ def test_config_resolution_order_and_partial_files():
     # The chat preset's steps follow from the data (epochs) unless a step count is asked for.
     assert (resolve("chat").epochs, resolve("chat", {"steps": 2}).epochs, resolve("chat", None, {"steps": 2}).epochs,
             resolve("chat", {"steps": 2, "epochs": 1}).epochs) == (3, None, None, 1)
+    assert resolve("tiny", {"epochs": 2}, {"steps": 5}).epochs is None  # --steps wins over any epochs
+    assert resolve("tiny", None, {"steps": 5, "epochs": 2}).epochs is None
 
 
 @pytest.mark.parametrize("config, needle", [

@@ -85,10 +85,7 @@ def config_from(args) -> TrainConfig:
                  "data.chat_template_kwargs": parse_template_kwargs(args.chat_template_kwargs), "fp8": args.fp8,
                  "compile_target": args.compile_target,
                  "walk_files": [str(Path(path).absolute()) for path in args.walk_file] if args.walk_file else None}
-    cfg = resolve(args.preset, file_values, {k: v for k, v in overrides.items() if v is not None})
-    if args.steps is not None:
-        cfg.epochs = None  # an explicit step count wins over epochs from any source
-    return cfg
+    return resolve(args.preset, file_values, {k: v for k, v in overrides.items() if v is not None})
 
 
 TRAIN_ONLY_FLAGS = {"resume": "--resume", "gpus": "--gpus", "nproc_per_node": "--nproc-per-node",

@@ -248,9 +248,11 @@ def resolve(preset_name: str | None = None, file_values: dict | None = None, ove
     for dotted, value in (overrides or {}).items():
         section, _, key = dotted.rpartition(".")
         merged = _merge(merged, {section: {key: value}} if section else {key: value})
-    given = file_values.keys() | (overrides or {}).keys()
-    if "steps" in given and "epochs" not in given:
-        merged["epochs"] = None  # a step count asked for wins over the preset's passes over the data
+    # A step count wins over passes over the data asked for below it (a preset's, a file's), and on the command line
+    # over --epochs too; a file with both (a run's config.json) keeps the epochs its steps came from.
+    overrides = overrides or {}
+    if "steps" in overrides or ("epochs" not in overrides and "steps" in file_values and "epochs" not in file_values):
+        merged["epochs"] = None
     return TrainConfig.from_dict(merged)
 
 
