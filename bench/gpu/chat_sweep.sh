@@ -17,6 +17,7 @@
 #       training prompts); it watches the runs until WATCH_UNTIL seconds (540) have passed
 #   bash bench/gpu/chat_sweep_eval.sh         waits, walks every run on both held-out sets; the best, at 2.0x,
 #       exported and 16 prompts of each set decoded by the reference dflash
+# With one run (RUNS=wide WATCH_UNTIL=480 EVAL=1), the second call trains it and evaluates it: two calls in all.
 source bench/gpu/env.sh
 if [ -n "${STASH:-}" ]; then
   mkdir -p /tmp/chat && cp .chatscale/answers.jsonl.gz /tmp/chat/scale-answers.jsonl.gz 2>/dev/null
@@ -52,3 +53,5 @@ echo "started: $(cat /tmp/chat/*.pid | tr '\n' ' '); held-out: $(wc -l /tmp/chat
 running() { for pid in $(cat /tmp/chat/*.pid); do kill -0 $pid 2>/dev/null && return 0; done; return 1; }
 while running && [ $SECONDS -lt ${WATCH_UNTIL:-540} ]; do sleep 10; done
 for run in ${RUNS:-b8 b16 wide}; do echo "$run: $(grep -E 'epochs of|step ' /tmp/chat/$run.log | tail -2 | tr '\n' ' ')"; done
+# EVAL=1: a sweep that finished in this call is evaluated in it too (one call fewer where device time is short).
+if [ -n "${EVAL:-}" ] && ! running; then bash bench/gpu/chat_sweep_eval.sh; fi
