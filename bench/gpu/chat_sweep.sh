@@ -53,5 +53,9 @@ echo "started: $(cat /tmp/chat/*.pid | tr '\n' ' '); held-out: $(wc -l /tmp/chat
 running() { for pid in $(cat /tmp/chat/*.pid); do kill -0 $pid 2>/dev/null && return 0; done; return 1; }
 while running && [ $SECONDS -lt ${WATCH_UNTIL:-540} ]; do sleep 10; done
 for run in ${RUNS:-b8 b16 wide}; do echo "$run: $(grep -E 'epochs of|step ' /tmp/chat/$run.log | tail -2 | tr '\n' ' ')"; done
-# EVAL=1: a sweep that finished in this call is evaluated in it too (one call fewer where device time is short).
-if [ -n "${EVAL:-}" ] && ! running; then bash bench/gpu/chat_sweep_eval.sh; fi
+# EVAL=1: the sweep evaluated in this call too (one call fewer where device time is short); a run still training
+# at WATCH_UNTIL is stopped with SIGTERM (the trainer checkpoints at the step it reached) and evaluated as it stands.
+if [ -n "${EVAL:-}" ]; then
+  running && kill $(cat /tmp/chat/*.pid) 2>/dev/null
+  WAIT=60 bash bench/gpu/chat_sweep_eval.sh
+fi
