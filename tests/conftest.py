@@ -16,7 +16,7 @@ import pytest
 from helpers import (CODE_RUN_STEPS, EAGER, ONE_STEP, build_wheel, built_once, preset_args, run_envkit, run_trainer,
                      write_profile)
 
-# `make test` runs two workers on two cores: one torch thread each, here and in every process a test starts
+# `make test` runs three workers on two cores: one torch thread each, here and in every process a test starts
 # (two-thread processes side by side on two cores spin waiting for each other's cores).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -185,7 +185,7 @@ def fake_run(run_dir: Path, venv: str, **fields) -> Path:
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
-    """The directory `name`, built by `build` once for the whole run. Under pytest-xdist (`make test` runs two
+    """The directory `name`, built by `build` once for the whole run. Under pytest-xdist (`make test` runs three
     workers) every worker's base temp shares one parent: the first worker to get here builds while the others
     wait on the lock, then all read the same directory (copy it before you write)."""
     base = tmp_path_factory.getbasetemp()

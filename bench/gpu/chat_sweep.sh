@@ -26,12 +26,12 @@ fi
 parts=$(ls .gguf/part-* 2>/dev/null)
 answers=${ANSWERS:-/tmp/chat/scale-answers.jsonl.gz}
 if [ -f "$answers" ]; then
-  source="--answers $answers"
+  data="--answers $answers"
 else  # the first run writes them; the others find them in /tmp/chat (the same arguments, the same file)
-  source="--synthesized ${SYNTH:-41000} --synth-seconds ${SYNTH_SECONDS:-220} --train ${TRAIN:-20000} --answer-batch 2048"
+  data="--synthesized ${SYNTH:-41000} --synth-seconds ${SYNTH_SECONDS:-220} --train ${TRAIN:-20000} --answer-batch 2048"
   SYNTH_HELD_OUT=0  # written with the answers
 fi
-common="--work /tmp/chat --out $OUT $source --detach --epochs ${EPOCHS:-3} ${STEPS:+--steps $STEPS}"
+common="--work /tmp/chat --out $OUT $data --detach --epochs ${EPOCHS:-3} ${STEPS:+--steps $STEPS}"
 first=1
 for run in ${RUNS:-b8 b16 wide}; do
   case $run in
@@ -40,7 +40,7 @@ for run in ${RUNS:-b8 b16 wide}; do
     b8g7) flags="--gamma 7" ;;
     wide) flags="--drafter-layers 6 --anchors 64" ;;
   esac
-  # The first run converts the target; the last writes the held-out synthesized prompts once the others train.
+  # The first run converts the target (and, unless given, writes the answers) before it starts training.
   python3 bench/gpu/chat_recipe.py ${first:+${parts:+--gguf-parts $parts}} $common --run $run $flags \
     2> "$OUT/chat-$run.log"
   first=
@@ -49,13 +49,14 @@ if [ "${SYNTH_HELD_OUT:-1}" = 1 ]; then  # SYNTH_HELD_OUT=0: walk the held-out i
   python3 bench/gpu/chat_recipe.py --work /tmp/chat --out "$OUT" --held-out-only --synthesized 4000 \
     --synth-batch 2048 2> "$OUT/chat-held-out.log"
 fi
-echo "started: $(cat /tmp/chat/*.pid | tr '\n' ' '); held-out: $(wc -l /tmp/chat/held-out*.jsonl | tr '\n' ' ')"
-running() { for pid in $(cat /tmp/chat/*.pid); do kill -0 $pid 2>/dev/null && return 0; done; return 1; }
+pids() { for file in /tmp/chat/*.pid; do cat "$file"; echo; done; }  # a pid file ends without a newline
+echo "started: $(pids | tr '\n' ' '); held-out: $(wc -l /tmp/chat/held-out*.jsonl | tr '\n' ' ')"
+running() { for pid in $(pids); do kill -0 $pid 2>/dev/null && return 0; done; return 1; }
 while running && [ $SECONDS -lt ${WATCH_UNTIL:-540} ]; do sleep 10; done
 for run in ${RUNS:-b8 b16 wide}; do echo "$run: $(grep -E 'epochs of|step ' /tmp/chat/$run.log | tail -2 | tr '\n' ' ')"; done
 # EVAL=1: the sweep evaluated in this call too (one call fewer where device time is short); a run still training
 # at WATCH_UNTIL is stopped with SIGTERM (the trainer checkpoints at the step it reached) and evaluated as it stands.
 if [ -n "${EVAL:-}" ]; then
-  running && kill $(cat /tmp/chat/*.pid) 2>/dev/null
+  running && kill $(pids) 2>/dev/null
   WAIT=60 bash bench/gpu/chat_sweep_eval.sh
 fi
