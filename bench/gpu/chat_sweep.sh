@@ -31,7 +31,9 @@ else  # the first run writes them; the others find them in /tmp/chat (the same a
   data="--synthesized ${SYNTH:-41000} --synth-seconds ${SYNTH_SECONDS:-220} --train ${TRAIN:-20000} --answer-batch 2048"
   SYNTH_HELD_OUT=0  # written with the answers
 fi
-common="--work /tmp/chat --out $OUT $data --detach --epochs ${EPOCHS:-3} ${STEPS:+--steps $STEPS}"
+length="--epochs ${EPOCHS:-3}"
+[ -n "${STEPS:-}" ] && length="--steps $STEPS"  # a file with both keeps its epochs (trainer/config/schema.py)
+common="--work /tmp/chat --out $OUT $data --detach $length"
 first=1
 for run in ${RUNS:-b8 b16 wide}; do
   case $run in
