@@ -240,17 +240,16 @@ def _merge(base: dict, override: dict, where: str = "config") -> dict:
 def resolve(preset_name: str | None = None, file_values: dict | None = None, overrides: dict | None = None) -> TrainConfig:
     """The config of a run, resolved once: CLI overrides > JSON file > preset (the file's `preset`, else the
     given name, else tiny). A partial file ({"preset": "tiny", "steps": 50}) is that preset with its changes."""
-    file_values = file_values or {}
+    file_values, overrides = file_values or {}, overrides or {}
     if not isinstance(file_values, dict):
         raise TrainerInputError(f"a config file must hold a JSON object, not {type(file_values).__name__}")
     name = file_values.get("preset") or preset_name or "tiny"
     merged = _merge(preset(name).to_dict(), file_values)
-    for dotted, value in (overrides or {}).items():
+    for dotted, value in overrides.items():
         section, _, key = dotted.rpartition(".")
         merged = _merge(merged, {section: {key: value}} if section else {key: value})
     # A step count wins over passes over the data asked for below it (a preset's, a file's), and on the command line
     # over --epochs too; a file with both (a run's config.json) keeps the epochs its steps came from.
-    overrides = overrides or {}
     if "steps" in overrides or ("epochs" not in overrides and "steps" in file_values and "epochs" not in file_values):
         merged["epochs"] = None
     return TrainConfig.from_dict(merged)
